@@ -1,0 +1,188 @@
+"""One typed configuration for an engine directory and for serving.
+
+An engine directory holds ``engine.yaml`` (written by ``build_engines.py``) next to, or
+pointing at, a Hugging Face checkpoint. Values load with ``yaml.safe_load`` and can be
+overridden with dotted keys (``kv.block_size=32``) from the CLI or the Triton model config.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENGINE_FILE = "engine.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or outside its limits; the message names it."""
+
+
+@dataclass
+class ProfileConfig:
+    """Batch limits an engine session is tuned for."""
+
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048  # prompt + generated tokens of one sequence
+    cuda_graph_batch_sizes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class KVCacheConfig:
+    block_size: int = 16
+    # 0 means: size the pool from memory (gpu_memory_fraction on GPU, cpu_pool_mib on CPU).
+    num_blocks: int = 0
+    gpu_memory_fraction: float = 0.85
+    cpu_pool_mib: int = 256
+
+
+@dataclass
+class ServeConfig:
+    """How the Triton model schedules work; the SLOs feed the Bullet policy."""
+
+    mode: str = "chunked"  # chunked | bullet | static
+    chunk_size: int = 512
+    ttft_slo_ms: float = 1000.0
+    tpot_slo_ms: float = 50.0
+    partitioner: str = "auto"  # auto | green | libsmctrl | mps | none
+    static_prefill_sms: int = 0
+    iteration_log: str = ""  # JSONL path; empty disables the per-iteration record
+    max_queue: int = 1024
+
+
+@dataclass
+class EngineConfig:
+    engine_dir: str = ""
+    checkpoint: str = ""
+    tokenizer: str = ""
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    seed: int = 0
+    untrained: bool = False
+    description: str = ""
+    kv: KVCacheConfig = field(default_factory=KVCacheConfig)
+    prefill: ProfileConfig = field(default_factory=lambda: ProfileConfig(
+        max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=2048))
+    decode: ProfileConfig = field(default_factory=lambda: ProfileConfig(
+        max_num_seqs=64, max_num_batched_tokens=64, max_model_len=2048,
+        cuda_graph_batch_sizes=[1, 2, 4, 8, 16, 32, 64]))
+    serve: ServeConfig = field(default_factory=ServeConfig)
+
+    @property
+    def max_model_len(self) -> int:
+        return min(self.prefill.max_model_len, self.decode.max_model_len)
+
+    @property
+    def max_prompt_len(self) -> int:
+        """A prompt must leave room for at least one generated token."""
+        return self.max_model_len - 1
+
+    def resolve_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolve_path(self, value: str) -> Path:
+        path = Path(value)
+        return path if path.is_absolute() else Path(self.engine_dir) / path
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.resolve_path(self.checkpoint)
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.resolve_path(self.tokenizer or self.checkpoint)
+
+    def validate(self) -> "EngineConfig":
+        for name in ("prefill", "decode"):
+            p: ProfileConfig = getattr(self, name)
+            for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+                if getattr(p, key) <= 0:
+                    raise ConfigError(f"{name}.{key} must be > 0, got {getattr(p, key)}")
+        if self.kv.block_size <= 0:
+            raise ConfigError(f"kv.block_size must be > 0, got {self.kv.block_size}")
+        if self.kv.num_blocks < 0:
+            raise ConfigError(f"kv.num_blocks must be >= 0, got {self.kv.num_blocks}")
+        if not 0 < self.kv.gpu_memory_fraction <= 1:
+            raise ConfigError(f"kv.gpu_memory_fraction must be in (0, 1], got {self.kv.gpu_memory_fraction}")
+        s = self.serve
+        if s.mode not in ("chunked", "bullet", "static"):
+            raise ConfigError(f"serve.mode must be chunked, bullet or static, got {s.mode!r}")
+        if s.ttft_slo_ms <= 0 or s.tpot_slo_ms <= 0:
+            raise ConfigError("serve.ttft_slo_ms and serve.tpot_slo_ms must be > 0, got "
+                              f"{s.ttft_slo_ms} and {s.tpot_slo_ms}")
+        if s.chunk_size <= 0:
+            raise ConfigError(f"serve.chunk_size must be > 0, got {s.chunk_size}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        return self
+
+
+def _build(cls, data: dict[str, Any], where: str):
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in (data or {}).items():
+        if key not in known:
+            raise ConfigError(f"unknown configuration key {where}{key!r}; known: {sorted(known)}")
+        f = known[key]
+        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+        if sub is not None and dataclasses.is_dataclass(sub()):
+            value = _build(type(sub()), value, f"{where}{key}.")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _coerce(text: str, current: Any) -> Any:
+    if isinstance(current, bool):
+        return text.lower() in ("1", "true", "yes", "on")
+    if isinstance(current, int):
+        return int(text)
+    if isinstance(current, float):
+        return float(text)
+    if isinstance(current, list):
+        return yaml.safe_load(text)
+    return text
+
+
+def apply_overrides(cfg: EngineConfig, overrides: dict[str, Any] | None) -> EngineConfig:
+    """Sets dotted keys (``serve.mode``); string values are coerced to the field's type."""
+    for dotted, value in (overrides or {}).items():
+        target: Any = cfg
+        *path, last = dotted.split(".")
+        for part in path:
+            if not hasattr(target, part):
+                raise ConfigError(f"unknown configuration key {dotted!r}")
+            target = getattr(target, part)
+        if not hasattr(target, last) or dataclasses.is_dataclass(getattr(target, last)):
+            raise ConfigError(f"unknown configuration key {dotted!r}")
+        current = getattr(target, last)
+        setattr(target, last, _coerce(value, current) if isinstance(value, str) else value)
+    return cfg
+
+
+def load_engine_config(engine_dir: str | Path, overrides: dict[str, Any] | None = None) -> EngineConfig:
+    engine_dir = Path(engine_dir)
+    path = engine_dir / ENGINE_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: build an engine directory with build_engines.py")
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    cfg = _build(EngineConfig, data, "")
+    cfg.engine_dir = str(engine_dir.resolve())
+    return apply_overrides(cfg, overrides).validate()
+
+
+def save_engine_config(cfg: EngineConfig, engine_dir: str | Path, header: str = "") -> Path:
+    data = dataclasses.asdict(cfg)
+    data.pop("engine_dir")
+    path = Path(engine_dir) / ENGINE_FILE
+    with open(path, "w") as f:
+        if header:
+            f.write("".join(f"# {line}\n" for line in header.splitlines()))
+        yaml.safe_dump(data, f, sort_keys=False)
+    return path

@@ -1,0 +1,121 @@
+"""Continuous batching with a token budget: decodes first, then prompt chunks.
+
+Each step every running sequence that has finished its prompt gets one decode token, then the
+remaining budget goes to prompt chunks in arrival order (a prompt may be split across steps:
+chunked prefill). With a budget equal to the chunk size this is the vLLM/SGLang hybrid batch
+that Bullet is compared against. When the pool runs dry the newest running sequence is
+preempted: its blocks are freed and it is recomputed later from its tokens.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from bullet_trt.engine.block_allocator import BlockAllocator
+from bullet_trt.engine.kv_pool import blocks_for_tokens
+from bullet_trt.engine.sequence import Sequence, SeqStatus
+
+
+@dataclass
+class ScheduledChunk:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def completes_prompt(self) -> bool:
+        return self.seq.num_cached_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class StepPlan:
+    decodes: list[ScheduledChunk]
+    prefills: list[ScheduledChunk]
+    preempted: list[Sequence]
+
+    @property
+    def chunks(self) -> list[ScheduledChunk]:
+        return self.decodes + self.prefills
+
+    def __bool__(self) -> bool:
+        return bool(self.decodes or self.prefills)
+
+
+class BatchScheduler:
+    def __init__(self, allocator: BlockAllocator, block_size: int, max_num_seqs: int,
+                 token_budget: int):
+        self.allocator = allocator
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.token_budget = token_budget
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _reserve(self, seq: Sequence, num_new: int) -> bool:
+        need = blocks_for_tokens(seq.num_cached_tokens + num_new, self.block_size) - len(seq.block_table)
+        if need <= 0:
+            return True
+        if not self.allocator.can_allocate(need):
+            return False
+        seq.block_table.extend(self.allocator.allocate(need))
+        return True
+
+    def release(self, seq: Sequence) -> None:
+        """Returns a sequence's blocks to the pool and forgets it."""
+        if seq.block_table:
+            self.allocator.free(seq.block_table)
+            seq.block_table = []
+        seq.num_cached_tokens = 0
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        self.release(seq)
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        plan.preempted.append(seq)
+        self.num_preemptions += 1
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan([], [], [])
+        budget = self.token_budget
+        # Decodes: sequences whose prompt is fully cached need one token each.
+        for seq in list(self.running):
+            if seq.in_prefill or budget <= 0:
+                continue
+            while not self._reserve(seq, 1):
+                victim = self.running[-1]
+                self._preempt(victim, plan)
+                if victim is seq:
+                    break
+            if seq.status is SeqStatus.RUNNING:
+                plan.decodes.append(ScheduledChunk(seq, 1))
+                budget -= 1
+        # Prompt chunks: partially prefilled running sequences first, then new arrivals.
+        candidates = [s for s in self.running if s.in_prefill]
+        for seq in candidates:
+            if budget <= 0:
+                break
+            n = min(seq.num_uncached, budget)
+            if self._reserve(seq, n):
+                plan.prefills.append(ScheduledChunk(seq, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_uncached, budget)
+            if not self._reserve(seq, n):
+                break  # wait for blocks; never preempt running work for a newcomer
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            plan.prefills.append(ScheduledChunk(seq, n))
+            budget -= n
+        return plan

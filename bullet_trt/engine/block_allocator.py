@@ -1,0 +1,38 @@
+"""Hands out fixed-size KV blocks of the shared pool; the only owner of the free list."""
+from __future__ import annotations
+
+from collections import deque
+
+
+class OutOfBlocks(RuntimeError):
+    pass
+
+
+class BlockAllocator:
+    def __init__(self, num_blocks: int):
+        if num_blocks <= 0:
+            raise ValueError(f"kv.num_blocks must be > 0, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self._free = deque(range(num_blocks))
+        self._used: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise OutOfBlocks(f"asked for {n} KV blocks, {len(self._free)} free")
+        blocks = [self._free.popleft() for _ in range(n)]
+        self._used.update(blocks)
+        return blocks
+
+    def free(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if b not in self._used:
+                raise ValueError(f"KV block {b} freed twice or never allocated")
+            self._used.remove(b)
+            self._free.append(b)

@@ -1,0 +1,57 @@
+"""The paged KV pool: one tensor holding every layer's K and V blocks.
+
+Layout (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim). One tensor is one
+allocation, so one shared-memory segment on CPU or one CUDA IPC handle on GPU lets another
+process attach the whole pool without copying.
+"""
+from __future__ import annotations
+
+import torch
+
+from bullet_trt.model.arch import ModelArch
+
+
+def bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return arch.num_layers * 2 * block_size * arch.num_kv_heads * arch.head_dim * elem
+
+
+def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
+    return (num_tokens + block_size - 1) // block_size
+
+
+def create_kv_pool(arch: ModelArch, num_blocks: int, block_size: int, dtype: torch.dtype,
+                   device: torch.device | str, shared: bool = False) -> torch.Tensor:
+    pool = torch.zeros(arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads,
+                       arch.head_dim, dtype=dtype, device=device)
+    if shared and pool.device.type == "cpu":
+        pool.share_memory_()
+    return pool
+
+
+def size_pool(arch: ModelArch, block_size: int, dtype: torch.dtype, device: torch.device,
+              num_blocks: int, gpu_memory_fraction: float, cpu_pool_mib: int,
+              min_blocks: int) -> int:
+    """Number of blocks: the configured count, or what the memory budget holds.
+
+    On GPU the budget is ``gpu_memory_fraction`` of the total memory minus what is already
+    in use (the weights), so call this after loading the model.
+    """
+    per_block = bytes_per_block(arch, block_size, dtype)
+    if num_blocks:
+        count = num_blocks
+        budget_hint = "kv.num_blocks"
+    elif device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        used = total - free
+        count = int((total * gpu_memory_fraction - used) // per_block)
+        budget_hint = f"kv.gpu_memory_fraction={gpu_memory_fraction}"
+    else:
+        count = cpu_pool_mib * 2**20 // per_block
+        budget_hint = f"kv.cpu_pool_mib={cpu_pool_mib}"
+    if count < min_blocks:
+        raise ValueError(
+            f"KV pool too small: {budget_hint} gives {count} blocks of {block_size} tokens "
+            f"({per_block} bytes each) but one sequence of the profile's max_model_len needs "
+            f"{min_blocks}; raise the budget or lower max_model_len")
+    return count

@@ -1,0 +1,76 @@
+"""Offline API: generate from an engine directory without Triton.
+
+    from bullet_trt import LLM, SamplingParams
+    llm = LLM("engines/default")
+    print(llm.generate(["Hello"], SamplingParams(max_tokens=16, temperature=0))[0].text)
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass
+
+from bullet_trt.config import load_engine_config
+from bullet_trt.engine.core import EngineCore
+from bullet_trt.engine.request import NewRequest
+from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt.model.tokenizer import Tokenizer
+
+
+@dataclass
+class Completion:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    logprobs: list[float] | None
+
+
+class LLM:
+    def __init__(self, engine_dir: str, executor: str = "local", **overrides):
+        self.cfg = load_engine_config(engine_dir, overrides)
+        self.tokenizer = Tokenizer(self.cfg.tokenizer_path)
+        self.engine = EngineCore(self.cfg, executor=executor)
+        self._ids = itertools.count()
+
+    def generate(self, prompts: str | list[str],
+                 sampling: SamplingParams | list[SamplingParams] | None = None) -> list[Completion]:
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        return self.generate_token_ids([self.tokenizer.encode(p) for p in prompts], sampling)
+
+    def generate_token_ids(self, prompts: list[list[int]],
+                           sampling: SamplingParams | list[SamplingParams] | None = None) -> list[Completion]:
+        if not isinstance(sampling, list):
+            sampling = [sampling or SamplingParams()] * len(prompts)
+        order = []
+        for ids, params in zip(prompts, sampling):
+            params = copy.deepcopy(params)
+            if params.stop and not params.stop_token_ids:
+                params.stop_token_ids = self.tokenizer.stop_sequences(params.stop)
+            rid = f"llm-{next(self._ids)}"
+            self.engine.add_request(NewRequest(rid, list(ids), params))
+            order.append(rid)
+        tokens = {rid: [] for rid in order}
+        lps = {rid: [] for rid in order}
+        reasons: dict[str, str | None] = {}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                tokens[out.request_id] += out.new_token_ids
+                if out.new_logprobs:
+                    lps[out.request_id] += out.new_logprobs
+                if out.finished:
+                    reasons[out.request_id] = out.finish_reason
+        return [Completion(rid, list(ids), tokens[rid], self.tokenizer.decode(tokens[rid]),
+                           reasons.get(rid), lps[rid] if p.logprobs else None)
+                for rid, ids, p in zip(order, prompts, sampling)]
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,41 @@
+"""What goes into the engine and what comes out of it, per request."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bullet_trt.engine.sampling import SamplingParams
+
+
+@dataclass
+class RequestOutput:
+    """The tokens one step added to a request; `finished` is set on the last one.
+
+    finish_reason: "stop" (end id or stop sequence), "length" (max_tokens or the model's
+    length limit), "abort" (cancelled), "error" (see `error`).
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[float] | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class EngineStats:
+    num_waiting: int = 0
+    num_running: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_free: int = 0
+    tokens_generated: int = 0  # since start
+    num_preemptions: int = 0
+
+
+@dataclass
+class NewRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)

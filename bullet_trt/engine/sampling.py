@@ -1,0 +1,150 @@
+"""Per-request sampling parameters and the batched sampler.
+
+Randomness is counter-based: the noise for (seed, output index, vocab id) comes from a hash,
+so a request with a seed draws the same tokens whatever else shares its batch, and on any
+device. Sampling uses the exponential-race form of categorical sampling: argmax(p / E) with
+E ~ Exp(1) picks token i with probability p_i.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0
+    seed: int | None = None  # None: a fresh random seed per request
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[list[int]] = field(default_factory=list)  # filled from `stop` by the frontend
+    end_id: int | None = None  # None: the checkpoint's EOS ids
+    ignore_eos: bool = False
+    logprobs: bool = False
+
+    def validate(self, max_tokens_limit: int | None = None) -> "SamplingParams":
+        if self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be > 0, got {self.max_tokens}")
+        if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
+            raise ValueError(f"max_tokens must be <= {max_tokens_limit}, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    def resolved_seed(self) -> int:
+        if self.seed is None:
+            self.seed = int.from_bytes(os.urandom(8), "little")
+        return self.seed
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    # murmur3's finaliser on int64 tensors kept in 32 bits; products wrap mod 2^64, which
+    # leaves the low 32 bits exact on every device.
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _MASK32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _MASK32
+    return h ^ (h >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(B, vocab) uniforms in (0, 1), a pure function of (seed, step, vocab index)."""
+    device = seeds.device
+    lo, hi = seeds & _MASK32, (seeds >> 32) & _MASK32
+    key = _fmix32(_fmix32(lo ^ 0x9E3779B9) ^ hi)
+    key = _fmix32(key ^ ((steps.long() * 0x632BE5AB) & _MASK32))
+    idx = torch.arange(vocab, device=device, dtype=torch.int64)
+    h = _fmix32((key.unsqueeze(1) ^ ((idx * 0x27D4EB2F) & _MASK32).unsqueeze(0)) & _MASK32)
+    h = _fmix32(h ^ key.unsqueeze(1))
+    return (h.double() + 0.5) / 4294967296.0
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling state packed for one step (rows follow the batch order)."""
+
+    temperature: torch.Tensor  # float32 (B,)
+    top_k: torch.Tensor  # int64 (B,)
+    top_p: torch.Tensor  # float32 (B,)
+    seeds: torch.Tensor  # int64 (B,) (bit pattern of the uint64 seed)
+    steps: torch.Tensor  # int64 (B,): index of the token being sampled in the output
+    banned: list[list[int]]  # token ids forbidden on this step (EOS before min_tokens)
+    all_greedy: bool
+    want_logprobs: bool
+
+    @staticmethod
+    def build(params: list[SamplingParams], steps: list[int], banned: list[list[int]],
+              device: torch.device | str) -> "SamplingBatch":
+        seeds = [p.resolved_seed() for p in params]
+        seeds = [s - 2**64 if s >= 2**63 else s for s in seeds]
+        return SamplingBatch(
+            temperature=torch.tensor([0.0 if p.greedy else p.temperature for p in params],
+                                     dtype=torch.float32, device=device),
+            top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            seeds=torch.tensor(seeds, dtype=torch.int64, device=device),
+            steps=torch.tensor(steps, dtype=torch.int64, device=device),
+            banned=banned,
+            all_greedy=all(p.greedy for p in params),
+            want_logprobs=any(p.logprobs for p in params),
+        )
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Picks one token per row of float32 logits (B, V).
+
+    Returns (token ids int64 (B,), log-probabilities of those tokens under the model's
+    unmodified distribution, or None when no row asked for them).
+    """
+    logits = logits.float()
+    for row, ids in enumerate(batch.banned):
+        if ids:
+            logits[row, ids] = float("-inf")
+    logprobs = None
+    if batch.want_logprobs:
+        logprobs = torch.log_softmax(logits, dim=-1)
+    greedy_ids = logits.argmax(dim=-1)
+    if batch.all_greedy:
+        tokens = greedy_ids
+    else:
+        temp = batch.temperature.clamp(min=1e-5).unsqueeze(1)
+        scaled = logits / temp
+        vocab = scaled.shape[-1]
+        # top-k: keep values >= the k-th largest of the row (k=0 keeps all)
+        k = torch.where(batch.top_k > 0, batch.top_k.clamp(max=vocab), torch.full_like(batch.top_k, vocab))
+        sorted_vals, _ = scaled.sort(dim=-1, descending=True)
+        kth = sorted_vals.gather(1, (k - 1).unsqueeze(1))
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        # top-p over the top-k survivors: keep the smallest prefix whose mass reaches p
+        sorted_vals = sorted_vals.masked_fill(sorted_vals < kth, float("-inf"))
+        probs_sorted = sorted_vals.softmax(dim=-1)
+        mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted
+        keep = mass_before < batch.top_p.unsqueeze(1)
+        keep[:, 0] = True
+        cutoff = sorted_vals.masked_fill(~keep, float("inf")).min(dim=-1, keepdim=True).values
+        scaled = scaled.masked_fill(scaled < cutoff, float("-inf"))
+        probs = scaled.softmax(dim=-1).double()
+        noise = uniform_noise(batch.seeds, batch.steps, vocab)
+        race = probs / (-torch.log(noise))
+        tokens = torch.where(batch.temperature > 0, race.argmax(dim=-1), greedy_ids)
+    token_logprobs = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1) if logprobs is not None else None
+    return tokens, token_logprobs

@@ -1,0 +1,51 @@
+"""A request's life inside the engine: its tokens, its KV blocks and how far it has run."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from bullet_trt.engine.sampling import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # tokens whose K/V are in the pool
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: str | None = None
+    first_token_time: float | None = None
+    num_emitted: int = 0  # output tokens already reported to the caller
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_uncached(self) -> int:
+        return self.num_tokens - self.num_cached_tokens
+
+    @property
+    def in_prefill(self) -> bool:
+        """True until the pool holds all but the newest token (which decode feeds)."""
+        return self.num_uncached > 1 or not self.output_token_ids

@@ -1,0 +1,90 @@
+"""Engine sessions: run one forward step over a batch of sequences and sample.
+
+A session owns no scheduling state. It receives small, picklable `BatchItem`s (token ids to
+feed, where they start, the block table, sampling parameters), so the same session runs
+in-process or inside a worker process that attached the shared weights and KV pool.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from bullet_trt.config import ProfileConfig
+from bullet_trt.engine.sampling import SamplingBatch, SamplingParams, sample
+from bullet_trt.kernels.metadata import AttentionMetadata
+
+
+@dataclass
+class BatchItem:
+    request_id: str
+    input_token_ids: list[int]  # the new tokens whose K/V this step writes
+    start_pos: int  # position of input_token_ids[0]; tokens before it are cached
+    block_table: list[int]
+    params: SamplingParams
+    sample: bool  # False for a prompt chunk that is not the last one
+    output_index: int = 0  # which output token a sample is (keys the seeded noise)
+    banned_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SampleResult:
+    token_id: int
+    logprob: float | None = None
+
+
+class EngineSession(ABC):
+    """prefill(items) and decode(items) return one SampleResult (or None) per item."""
+
+    profile: ProfileConfig
+
+    @abstractmethod
+    def run(self, items: list[BatchItem]) -> list[SampleResult | None]:
+        ...
+
+    def prefill(self, items: list[BatchItem]) -> list[SampleResult | None]:
+        return self.run(items)
+
+    def decode(self, items: list[BatchItem]) -> list[SampleResult | None]:
+        return self.run(items)
+
+
+class TorchSession(EngineSession):
+    """Runs the PyTorch model of bullet_trt.model over the paged pool."""
+
+    def __init__(self, model, kv_pool: torch.Tensor, block_size: int, profile: ProfileConfig):
+        self.model = model
+        self.kv_pool = kv_pool
+        self.block_size = block_size
+        self.profile = profile
+        self.device = kv_pool.device
+
+    @torch.inference_mode()
+    def run(self, items: list[BatchItem]) -> list[SampleResult | None]:
+        if not items:
+            return []
+        q_lens = [len(it.input_token_ids) for it in items]
+        seq_lens = [it.start_pos + n for it, n in zip(items, q_lens)]
+        meta = AttentionMetadata.build(q_lens, seq_lens, [it.block_table for it in items],
+                                       self.block_size, self.device)
+        ids = [t for it in items for t in it.input_token_ids]
+        positions = [p for it, n in zip(items, q_lens) for p in range(it.start_pos, it.start_pos + n)]
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        hidden = self.model(input_ids, pos, self.kv_pool, meta)
+        rows = [i for i, it in enumerate(items) if it.sample]
+        results: list[SampleResult | None] = [None] * len(items)
+        if not rows:
+            return results
+        last = meta.cu_seqlens_q[1:].long() - 1
+        logits = self.model.compute_logits(hidden[last[rows]])
+        picked = [items[i] for i in rows]
+        batch = SamplingBatch.build([it.params for it in picked], [it.output_index for it in picked],
+                                    [it.banned_token_ids for it in picked], self.device)
+        tokens, logprobs = sample(logits, batch)
+        tokens = tokens.tolist()
+        lps = logprobs.tolist() if logprobs is not None else [None] * len(rows)
+        for row, tok, lp, it in zip(rows, tokens, lps, picked):
+            results[row] = SampleResult(tok, lp if it.params.logprobs else None)
+        return results

@@ -1,0 +1,61 @@
+"""One copy of the weights and one KV pool, built once and attached by every session.
+
+`SharedEngineState` pickles through torch.multiprocessing: CPU tensors travel as shared
+memory handles and CUDA tensors as CUDA IPC handles, so a worker process that unpickles it
+maps the same memory instead of copying it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bullet_trt.config import EngineConfig, ProfileConfig
+from bullet_trt.engine.kv_pool import blocks_for_tokens, create_kv_pool, size_pool
+from bullet_trt.engine.session import TorchSession
+from bullet_trt.model.arch import ModelArch
+from bullet_trt.model.loader import load_checkpoint, resolve_dtype
+from bullet_trt.model.transformer import CausalLM
+
+
+@dataclass
+class SharedEngineState:
+    arch: ModelArch
+    dtype: torch.dtype
+    weights: dict[str, torch.Tensor]
+    kv_pool: torch.Tensor
+    block_size: int
+    max_model_len: int
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.kv_pool.shape[2])
+
+
+def build_shared_state(cfg: EngineConfig, share: bool = True) -> tuple[SharedEngineState, CausalLM]:
+    """Loads the checkpoint and allocates the pool; returns the state and the loaded model."""
+    device = torch.device(cfg.resolve_device())
+    arch = ModelArch.from_checkpoint(cfg.checkpoint_path)
+    if cfg.max_model_len > arch.max_position_embeddings:
+        raise ValueError(f"max_model_len {cfg.max_model_len} exceeds the checkpoint's "
+                         f"max_position_embeddings {arch.max_position_embeddings} "
+                         f"({cfg.checkpoint_path / 'config.json'})")
+    dtype = resolve_dtype(arch, cfg.dtype, device)
+    model = CausalLM(arch, dtype, device, max_positions=cfg.max_model_len)
+    load_checkpoint(model, cfg.checkpoint_path, dtype)
+    weights = {name: p.data for name, p in model.named_parameters()}
+    if share and device.type == "cpu":
+        for t in weights.values():
+            t.share_memory_()
+    num_blocks = size_pool(arch, cfg.kv.block_size, dtype, device, cfg.kv.num_blocks,
+                           cfg.kv.gpu_memory_fraction, cfg.kv.cpu_pool_mib,
+                           min_blocks=blocks_for_tokens(cfg.max_model_len, cfg.kv.block_size))
+    pool = create_kv_pool(arch, num_blocks, cfg.kv.block_size, dtype, device, shared=share)
+    return SharedEngineState(arch, dtype, weights, pool, cfg.kv.block_size, cfg.max_model_len), model
+
+
+def attach_session(state: SharedEngineState, profile: ProfileConfig) -> TorchSession:
+    """A session over already-built weights and pool (in this or another process)."""
+    model = CausalLM(state.arch, state.dtype, "meta", max_positions=state.max_model_len)
+    model.attach_weights(state.weights)
+    return TorchSession(model, state.kv_pool, state.block_size, profile)

@@ -1,0 +1,89 @@
+"""Plain torch implementations of every kernel: the CPU path and the oracle for GPU kernels.
+
+Shapes: packed tokens T, query heads Hq, KV heads Hkv, head dim D. A layer's KV cache is one
+tensor (2, num_blocks, block_size, Hkv, D): index 0 holds K, index 1 holds V.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from bullet_trt.kernels.metadata import AttentionMetadata
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (rms_norm(x + residual), x + residual): the pre-norm residual stream step."""
+    summed = x + residual
+    return rms_norm(summed, weight, eps), summed
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+               cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotates q (T, Hq, D) and k (T, Hkv, D), neox style (halves), as Llama does.
+
+    cos_sin_cache is (max_positions, D): the first D/2 columns cos, the last D/2 sin.
+    """
+    cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor) -> None:
+    """Stores new K/V rows (T, Hkv, D) into their paged slots of one layer's cache."""
+    num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
+    flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
+    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+
+
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float) -> torch.Tensor:
+    """Causal attention of the packed new queries over each sequence's cached context.
+
+    The new tokens' K/V must already be in the cache (write_kv_cache first).
+    Returns (T, Hq, D) in q's dtype.
+    """
+    out = torch.empty_like(q)
+    block_size = kv_cache.shape[2]
+    cu = meta.cu_seqlens_q.tolist()
+    lens = meta.seq_lens.tolist()
+    tables = meta.block_tables
+    num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    for i, total in enumerate(lens):
+        start, end = cu[i], cu[i + 1]
+        if end == start:
+            continue
+        q_len = end - start
+        num_blocks = (total + block_size - 1) // block_size
+        blocks = tables[i, :num_blocks].long()
+        k = kv_cache[0, blocks].reshape(-1, num_kv_heads, kv_cache.shape[-1])[:total]
+        v = kv_cache[1, blocks].reshape(-1, num_kv_heads, kv_cache.shape[-1])[:total]
+        qi = q[start:end].float().transpose(0, 1)  # (Hq, q_len, D)
+        ki = k.float().repeat_interleave(group, dim=1).transpose(0, 1)
+        vi = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+        q_pos = torch.arange(total - q_len, total, device=q.device).unsqueeze(1)
+        k_pos = torch.arange(total, device=q.device).unsqueeze(0)
+        mask = k_pos <= q_pos
+        scores = (qi @ ki.transpose(1, 2)) * scale
+        scores = scores.masked_fill(~mask, float("-inf"))
+        out[start:end] = (scores.softmax(-1) @ vi).transpose(0, 1).to(q.dtype)
+    return out
