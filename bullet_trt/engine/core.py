@@ -176,3 +176,10 @@ class EngineCore:
 
     def close(self) -> None:
         self.executor.close()
+        # Drop the pool and weights now rather than at garbage collection, so a following
+        # engine in the same process can size its pool from the freed memory.
+        device = self.state.kv_pool.device
+        del self.executor, self.state
+        if device.type == "cuda":
+            import torch
+            torch.cuda.empty_cache()

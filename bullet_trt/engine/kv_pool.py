@@ -43,7 +43,9 @@ def size_pool(arch: ModelArch, block_size: int, dtype: torch.dtype, device: torc
         budget_hint = "kv.num_blocks"
     elif device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        used = total - free
+        # Memory this process cached but is not using is ours to reuse, not someone else's.
+        idle_cache = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        used = total - free - idle_cache
         count = int((total * gpu_memory_fraction - used) // per_block)
         budget_hint = f"kv.gpu_memory_fraction={gpu_memory_fraction}"
     else:

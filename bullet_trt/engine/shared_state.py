@@ -40,6 +40,7 @@ def build_shared_state(cfg: EngineConfig, share: bool = True) -> tuple[SharedEng
         raise ValueError(f"max_model_len {cfg.max_model_len} exceeds the checkpoint's "
                          f"max_position_embeddings {arch.max_position_embeddings} "
                          f"({cfg.checkpoint_path / 'config.json'})")
+    arch.check_max_model_len(cfg.max_model_len)
     dtype = resolve_dtype(arch, cfg.dtype, device)
     model = CausalLM(arch, dtype, device, max_positions=cfg.max_model_len)
     load_checkpoint(model, cfg.checkpoint_path, dtype)

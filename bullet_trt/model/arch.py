@@ -1,0 +1,140 @@
+"""The shape of a model, read from a Hugging Face ``config.json``."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelArch:
+    family: str  # llama | mistral | qwen2 | qwen3
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None  # None means plain RoPE; else has "rope_type"
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # bias on q/k/v projections
+    o_proj_bias: bool  # Llama's attention_bias also puts a bias on o_proj; Qwen2's does not
+    mlp_bias: bool
+    qk_norm: bool  # Qwen3: RMSNorm over each head of q and k before RoPE
+    torch_dtype: torch.dtype | None
+    bos_token_id: int | None
+    eos_token_ids: list[int]
+    sliding_window: int | None = None  # only set when it is shorter than the position limit
+    source: str = "<dict>"  # the config file, for error messages
+
+    @staticmethod
+    def from_checkpoint(checkpoint_dir: str | Path) -> "ModelArch":
+        path = Path(checkpoint_dir) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: a checkpoint directory needs a Hugging Face config.json")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from e
+        return ModelArch.from_hf_dict(data, source=str(path))
+
+    @staticmethod
+    def from_hf_dict(d: dict[str, Any], source: str = "<dict>") -> "ModelArch":
+        def need(key: str) -> Any:
+            if d.get(key) is None:
+                raise ValueError(f"{source}: required field {key!r} is missing")
+            return d[key]
+
+        archs = d.get("architectures") or []
+        family = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+        if family is None:
+            raise ValueError(f"{source}: field 'architectures' is {archs!r}; supported: {sorted(ARCHITECTURES)}")
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise NotImplementedError(f"{source}: field 'hidden_act' is {act!r}; only 'silu' is implemented")
+
+        hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+        max_pos = int(need("max_position_embeddings"))
+        rope_theta, rope_scaling = _rope_params(d, source)
+
+        window = None
+        # Qwen2/3 carry a sliding_window value that only applies when use_sliding_window is on.
+        if family == "mistral" or d.get("use_sliding_window"):
+            window = d.get("sliding_window")
+            if window is not None and int(window) >= max_pos:
+                window = None
+
+        eos = d.get("eos_token_id")
+        eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+        dtype_name = d.get("dtype") or d.get("torch_dtype")  # transformers 5 writes "dtype"
+        if dtype_name is not None and dtype_name not in _DTYPES:
+            raise ValueError(f"{source}: field 'dtype' is {dtype_name!r}; supported: {sorted(_DTYPES)}")
+        attention_bias = bool(d.get("attention_bias", False))
+        return ModelArch(
+            family=family,
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden,
+            intermediate_size=int(need("intermediate_size")),
+            num_layers=int(need("num_hidden_layers")),
+            num_heads=heads,
+            num_kv_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            # transformers hardcodes q/k/v biases for Qwen2 and none at all for Mistral.
+            attention_bias={"qwen2": True, "mistral": False}.get(family, attention_bias),
+            o_proj_bias=family in ("llama", "qwen3") and attention_bias,
+            mlp_bias=family == "llama" and bool(d.get("mlp_bias", False)),
+            qk_norm=family == "qwen3",
+            torch_dtype=_DTYPES[dtype_name] if dtype_name else None,
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            sliding_window=int(window) if window is not None else None,
+            source=source,
+        )
+
+    def check_max_model_len(self, max_model_len: int) -> None:
+        """Sliding-window attention is not implemented: refuse contexts where it would matter."""
+        if self.sliding_window is not None and max_model_len > self.sliding_window:
+            raise NotImplementedError(
+                f"{self.source}: sliding_window={self.sliding_window} but max_model_len={max_model_len}; "
+                f"sliding-window attention is not implemented, set max_model_len <= {self.sliding_window}")
+
+
+def _rope_params(d: dict[str, Any], source: str) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, scaling dict or None) from either the transformers 4 or 5 layout.
+
+    transformers 4 wrote ``rope_theta`` at top level and ``rope_scaling`` (type or rope_type);
+    transformers 5 writes ``rope_parameters`` holding rope_theta and rope_type together.
+    """
+    params = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+    if params and all(isinstance(v, dict) for v in params.values()):
+        raise NotImplementedError(f"{source}: per-layer 'rope_parameters' are not supported")
+    theta = float(params.pop("rope_theta", None) or d.get("rope_theta") or 10000.0)
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    if rope_type == "default":
+        return theta, None
+    params["rope_type"] = rope_type
+    if rope_type == "llama3":
+        params.setdefault("original_max_position_embeddings", d.get("max_position_embeddings"))
+    return theta, params

@@ -1,0 +1,85 @@
+"""Loading Hugging Face safetensors checkpoints into CausalLM."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from bullet_trt.model.arch import ModelArch
+from bullet_trt.model.transformer import CausalLM
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+_NAMED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(arch: ModelArch, requested: str, device: torch.device | str) -> torch.dtype:
+    """The compute dtype for ``requested`` (auto | float32 | bfloat16 | float16).
+
+    ``auto`` keeps the checkpoint's dtype on GPU (bfloat16 when the checkpoint does not say),
+    but uses float32 on CPU: CPU half-precision matmuls are slow, and float32 keeps CPU
+    results comparable to the transformers oracle.
+    """
+    if requested != "auto":
+        if requested not in _NAMED_DTYPES:
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {requested!r}")
+        return _NAMED_DTYPES[requested]
+    if torch.device(device).type == "cpu":
+        return torch.float32
+    return arch.torch_dtype or torch.bfloat16
+
+
+def checkpoint_files(checkpoint_dir: str | Path) -> tuple[Path, dict[str, Path]]:
+    """(the index or single file, {tensor name: the safetensors file that holds it})."""
+    root = Path(checkpoint_dir)
+    if not (root / "config.json").is_file():
+        raise FileNotFoundError(f"{root / 'config.json'} not found: not a Hugging Face checkpoint directory")
+    index = root / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index} has no 'weight_map'")
+        for shard in sorted(set(weight_map.values())):
+            if not (root / shard).is_file():
+                raise FileNotFoundError(f"{index} names shard {shard!r}, but {root / shard} does not exist")
+        return index, {name: root / shard for name, shard in weight_map.items()}
+    single = root / SINGLE_FILE
+    if not single.is_file():
+        raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {root}")
+    with safe_open(single, framework="pt") as f:
+        return single, {name: single for name in f.keys()}
+
+
+def _ignored(name: str, arch: ModelArch) -> bool:
+    # Old checkpoints saved RoPE inv_freq buffers; tied models may still carry an lm_head copy.
+    return name.endswith("rotary_emb.inv_freq") or (arch.tie_word_embeddings and name == "lm_head.weight")
+
+
+@torch.no_grad()
+def load_checkpoint(model: CausalLM, checkpoint_dir: str | Path, dtype: torch.dtype) -> None:
+    """Copies every parameter from the checkpoint into ``model``, cast to ``dtype``."""
+    source, files = checkpoint_files(checkpoint_dir)
+    params = dict(model.named_parameters())
+    for name in params:
+        if name not in files:
+            raise ValueError(f"{source}: tensor {name!r} is missing from the checkpoint")
+    for name, path in files.items():
+        if name not in params and not _ignored(name, model.arch):
+            raise ValueError(f"{path}: unexpected tensor {name!r} (the model has no such parameter)")
+    by_file: dict[Path, list[str]] = {}
+    for name in params:
+        by_file.setdefault(files[name], []).append(name)
+    for path, names in sorted(by_file.items()):
+        with safe_open(path, framework="pt") as f:
+            present = set(f.keys())
+            for name in names:
+                if name not in present:
+                    raise ValueError(f"{path}: tensor {name!r} is missing (the index says it is here)")
+                shape = tuple(f.get_slice(name).get_shape())
+                if shape != tuple(params[name].shape):
+                    raise ValueError(f"{path}: tensor {name!r} has shape {shape}, "
+                                     f"the model expects {tuple(params[name].shape)}")
+                params[name].copy_(f.get_tensor(name).to(dtype))

@@ -1,0 +1,177 @@
+"""One decoder-only transformer for the Llama, Mistral, Qwen2 and Qwen3 families.
+
+Parameter names are exactly the Hugging Face ones, so a checkpoint's state dict (or one shared
+from another process) plugs in without renaming. Attention runs over the paged KV cache through
+the kernel ops, so the same forward serves whole prefills, prefill chunks and decode steps.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from bullet_trt.kernels import AttentionMetadata, ops_for
+from bullet_trt.model.arch import ModelArch
+from bullet_trt.model.rope import build_cos_sin_cache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        self.scale = arch.head_dim ** -0.5
+        q_size, kv_size = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+        self.q_proj = nn.Linear(arch.hidden_size, q_size, bias=arch.attention_bias)
+        self.k_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
+        self.v_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
+        self.o_proj = nn.Linear(q_size, arch.hidden_size, bias=arch.o_proj_bias)
+        if arch.qk_norm:
+            self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
+            self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
+
+    def forward(self, ops, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        T = x.shape[0]
+        q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            # Flattened to 2-D rows so GPU kernels see the same layout as the hidden-size norms.
+            q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm.weight, self.q_norm.eps).view_as(q)
+            k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm.weight, self.k_norm.eps).view_as(k)
+        q, k = ops.apply_rope(q, k, positions, cos_sin)
+        ops.write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        out = ops.paged_attention(q, kv_cache, meta, self.scale)
+        return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.gate_proj = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=arch.mlp_bias)
+        self.up_proj = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=arch.mlp_bias)
+        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=arch.mlp_bias)
+
+    def forward(self, ops, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.self_attn = Attention(arch)
+        self.mlp = MLP(arch)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+
+class Model(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(arch) for _ in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """The model. Parameters start uninitialized (built on meta, then placed): fill them with
+    ``loader.load_checkpoint``, ``attach_weights`` or ``init_random_weights``.
+    """
+
+    def __init__(self, arch: ModelArch, dtype: torch.dtype, device: torch.device | str,
+                 max_positions: int | None = None):
+        super().__init__()
+        self.arch, self.dtype = arch, dtype
+        self.max_positions = max_positions or arch.max_position_embeddings
+        # Built on meta, so no time goes into random init that the loader overwrites anyway.
+        with torch.device("meta"):
+            self.model = Model(arch)
+            if not arch.tie_word_embeddings:
+                self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.to(dtype).requires_grad_(False)
+        self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
+        self._place(torch.device(device))
+
+    def _place(self, device: torch.device) -> None:
+        """Puts parameters (uninitialized) and the RoPE table on ``device``; picks the kernels."""
+        if device.type == "cuda" and device.index is None:
+            # Tensors report "cuda:N"; a bare "cuda" would never compare equal to them.
+            device = torch.device("cuda", torch.cuda.current_device())
+        if any(p.device != device for p in self.parameters()):
+            self.to_empty(device=device)
+            self.requires_grad_(False)
+        self.device = device
+        self.ops = ops_for(device)
+        self.cos_sin_cache = build_cos_sin_cache(self.arch, self.max_positions, device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states (T, hidden) of the packed new tokens; writes their K/V into kv_caches.
+
+        kv_caches: (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim).
+        """
+        ops, m = self.ops, self.model
+        hidden = m.embed_tokens(input_ids)
+        residual = hidden
+        for i, layer in enumerate(m.layers):
+            if i == 0:
+                x = ops.rms_norm(hidden, layer.input_layernorm.weight, layer.input_layernorm.eps)
+            else:
+                x, residual = ops.add_rms_norm(hidden, residual, layer.input_layernorm.weight,
+                                               layer.input_layernorm.eps)
+            hidden = layer.self_attn(ops, x, positions, self.cos_sin_cache, kv_caches[i], meta)
+            x, residual = ops.add_rms_norm(hidden, residual, layer.post_attention_layernorm.weight,
+                                           layer.post_attention_layernorm.eps)
+            hidden = layer.mlp(ops, x)
+        hidden, _ = ops.add_rms_norm(hidden, residual, m.norm.weight, m.norm.eps)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.arch.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def attach_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Makes the given tensors the parameters, sharing their storage (no copy).
+
+        Used to adopt weights that another process put in shared memory or CUDA IPC handles.
+        All tensors must be on one device and in the model's dtype.
+        """
+        params = dict(self.named_parameters())
+        missing = sorted(set(params) - set(state))
+        extra = sorted(set(state) - set(params))
+        if missing or extra:
+            raise ValueError(f"attach_weights: missing tensors {missing[:5]}, unexpected tensors {extra[:5]}")
+        devices = {t.device for t in state.values()}
+        if len(devices) != 1:
+            raise ValueError(f"attach_weights: tensors are on several devices {sorted(map(str, devices))}")
+        for name, tensor in state.items():
+            if tensor.shape != params[name].shape:
+                raise ValueError(f"attach_weights: tensor {name} has shape {tuple(tensor.shape)}, "
+                                 f"expected {tuple(params[name].shape)}")
+            if tensor.dtype != self.dtype:
+                raise ValueError(f"attach_weights: tensor {name} is {tensor.dtype}, expected {self.dtype}")
+        for name, tensor in state.items():
+            owner, _, leaf = name.rpartition(".")
+            self.get_submodule(owner)._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+        device = devices.pop()
+        if device != self.device:
+            self._place(device)
+
+    @torch.no_grad()
+    def init_random_weights(self, seed: int = 0, std: float = 0.02) -> None:
+        """Random weights for runs without a trained checkpoint (the ``untrained`` setting)."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)

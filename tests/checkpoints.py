@@ -1,0 +1,91 @@
+"""Small random Hugging Face checkpoints for tests, made with transformers itself."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bullet_trt.model.default_tokenizer import write_default_tokenizer
+
+VOCAB_SIZE = 2048  # the default tokenizer's
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+# Named test checkpoints: each stresses one feature of the model or the loader.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "llama": dict(family="llama"),
+    # original_max_position_embeddings 32 puts head_dim 16's frequencies in all three llama3
+    # bands (kept, smoothed, divided), so every branch of the formula is exercised.
+    "llama-llama3": dict(family="llama", rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}),
+    "llama-linear": dict(family="llama", rope_scaling={"rope_type": "linear", "factor": 4.0}),
+    "mistral": dict(family="mistral"),
+    "qwen2": dict(family="qwen2"),
+    "qwen3": dict(family="qwen3"),
+    "qwen3-tied": dict(family="qwen3", tie_word_embeddings=True),
+    "llama-sharded": dict(family="llama", sharded=True),
+}
+
+
+def _config(family: str, tie_word_embeddings: bool, rope_scaling: dict | None):
+    import transformers
+
+    common = dict(
+        vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        rms_norm_eps=1e-6, tie_word_embeddings=tie_word_embeddings, bos_token_id=0, eos_token_id=1)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, **(rope_scaling or {})}
+    rope.setdefault("rope_theta", 10000.0)
+    if family == "llama":
+        return transformers.LlamaConfig(**common, rope_parameters=rope)
+    if family == "mistral":
+        # A window longer than the position limit never masks anything: plain causal attention.
+        return transformers.MistralConfig(**common, rope_parameters=rope, sliding_window=4096)
+    if family == "qwen2":
+        return transformers.Qwen2Config(**common, rope_parameters=rope)
+    if family == "qwen3":
+        return transformers.Qwen3Config(**common, rope_parameters=rope)
+    raise ValueError(f"unknown family {family!r}; known: {FAMILIES}")
+
+
+@torch.no_grad()
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+    """Weights large enough that attention is sharp: with transformers' std 0.02 init every
+    attention pattern is nearly uniform and a RoPE or masking bug would not show in logits."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in sorted(model.named_parameters()):
+        noise = torch.randn(p.shape, generator=gen)
+        if name.endswith("norm.weight"):
+            value = 1.0 + 0.2 * noise  # away from 1, so a skipped norm weight shows
+        elif name.endswith(".bias"):
+            value = 0.1 * noise
+        elif "embed_tokens" in name:
+            value = noise
+        else:
+            gain = 2.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
+            value = gain * noise / math.sqrt(p.shape[1])
+        p.copy_(value.to(p.dtype))
+
+
+def make_checkpoint(out_dir: str | Path, family: str, dtype: torch.dtype = torch.float32,
+                    sharded: bool = False, tie_word_embeddings: bool = False,
+                    rope_scaling: dict | None = None, seed: int = 0) -> Path:
+    """Writes config.json, safetensors weights and the default tokenizer into out_dir."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # "Writing model shards" noise
+    out = Path(out_dir)
+    config = _config(family, tie_word_embeddings, rope_scaling)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _randomize(model, seed)
+    model.to(dtype)
+    model.save_pretrained(out, safe_serialization=True, max_shard_size="200KB" if sharded else "2GB")
+    write_default_tokenizer(out)
+    return out
+
+
+def make_variant(out_dir: str | Path, name: str, **overrides: Any) -> Path:
+    kwargs = {**VARIANTS[name], **overrides}
+    return make_checkpoint(out_dir, kwargs.pop("family"), **kwargs)
