@@ -30,7 +30,7 @@ class EngineCore:
 
     def __init__(self, cfg: EngineConfig, executor: str = "local", token_budget: int | None = None):
         self.cfg = cfg
-        self.state, model = build_shared_state(cfg, share=(executor == "workers"))
+        self.state, model = build_shared_state(cfg, share=(executor != "local"))
         self.eos_token_ids = list(self.state.arch.eos_token_ids)
         self.max_model_len = cfg.max_model_len
         self.allocator = BlockAllocator(self.state.num_blocks)
@@ -41,11 +41,13 @@ class EngineCore:
         if executor == "local":
             self.executor: Executor = LocalExecutor(
                 TorchSession(model, self.state.kv_pool, self.state.block_size, cfg.prefill))
+        elif executor == "none":  # a subclass drives its own workers
+            del model
         elif executor == "workers":
             del model
             self.executor = WorkerExecutor(self.state, cfg.prefill, cfg.decode)
         else:
-            raise ValueError(f"executor must be local or workers, got {executor!r}")
+            raise ValueError(f"executor must be local, workers or none, got {executor!r}")
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[str] = []
         self.tokens_generated = 0
@@ -175,7 +177,8 @@ class EngineCore:
         return outputs
 
     def close(self) -> None:
-        self.executor.close()
+        if hasattr(self, "executor"):
+            self.executor.close()
         # Drop the pool and weights now rather than at garbage collection, so a following
         # engine in the same process can size its pool from the freed memory.
         device = self.state.kv_pool.device
@@ -183,3 +186,12 @@ class EngineCore:
         if device.type == "cuda":
             import torch
             torch.cuda.empty_cache()
+
+
+def create_engine(cfg: EngineConfig) -> EngineCore:
+    """The engine for cfg.serve.mode: `chunked` hybrid batches in one session, or `bullet` /
+    `static` spatial sharing between a prefill and a decode worker."""
+    if cfg.serve.mode == "chunked":
+        return EngineCore(cfg, executor="local", token_budget=cfg.serve.chunk_size)
+    from bullet_trt.scheduler.orchestrator import SpatialEngineCore
+    return SpatialEngineCore(cfg)

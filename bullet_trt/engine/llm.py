@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass
 
 from bullet_trt.config import load_engine_config
-from bullet_trt.engine.core import EngineCore
+from bullet_trt.engine.core import EngineCore, create_engine
 from bullet_trt.engine.request import NewRequest
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.model.tokenizer import Tokenizer
@@ -29,9 +29,15 @@ class Completion:
 
 class LLM:
     def __init__(self, engine_dir: str, executor: str = "local", **overrides):
+        """executor: "local" (one session, continuous batching), "workers" (prefill and
+        decode sessions in two processes, stepped together), or "serve" (the engine that
+        serving uses for serve.mode: chunked, bullet or static)."""
         self.cfg = load_engine_config(engine_dir, overrides)
         self.tokenizer = Tokenizer(self.cfg.tokenizer_path)
-        self.engine = EngineCore(self.cfg, executor=executor)
+        if executor == "serve":
+            self.engine = create_engine(self.cfg)
+        else:
+            self.engine = EngineCore(self.cfg, executor=executor)
         self._ids = itertools.count()
 
     def generate(self, prompts: str | list[str],

@@ -32,6 +32,8 @@ class EngineStats:
     kv_blocks_free: int = 0
     tokens_generated: int = 0  # since start
     num_preemptions: int = 0
+    prefill_sms: int = 0  # SMs of the last prefill / decode iteration (spatial modes)
+    decode_sms: int = 0
 
 
 @dataclass

@@ -1,12 +1,15 @@
 """A worker process that hosts one engine session over the shared weights and KV pool.
 
-Messages are small: a list of BatchItems in, a list of SampleResults out. The heavy state
-(weights, pool) crosses once, at start-up, as shared-memory / CUDA IPC handles.
+Messages are small: BatchItems and the SM split in, SampleResults and the measured time out.
+The heavy state (weights, pool) crosses once, at start-up, as shared-memory / CUDA IPC
+handles. The worker pins its work to its SM partition: at start-up it creates the streams of
+every split it may be given (green contexts, libsmctrl masks) and per iteration only picks one.
 """
 from __future__ import annotations
 
 import os
 import queue
+import time
 import traceback
 
 import torch
@@ -17,43 +20,83 @@ class WorkerDied(RuntimeError):
     pass
 
 
-def _worker_main(name: str, inbox, outbox) -> None:
+def _worker_main(name: str, env: dict, inbox, outbox) -> None:
+    # Before anything touches CUDA: MPS reads its thread percentage at context creation,
+    # and unpickling the CUDA IPC handles below creates the context.
+    os.environ.update(env)
     try:
-        state, profile, threads = inbox.get()
+        state, profile, threads, partitioner_kind, splits = inbox.get()
         if threads:
             torch.set_num_threads(threads)
         from bullet_trt.engine.shared_state import attach_session
+        from bullet_trt.sm.partitioner import make_partitioner
         session = attach_session(state, profile)
-        outbox.put(("ready", os.getpid()))
+        device = state.kv_pool.device
+        part = make_partitioner(partitioner_kind, device)
+        if device.type == "cuda" and partitioner_kind not in ("none",):
+            from bullet_trt.sm.mps import require_mps_client
+            require_mps_client(name)
+        part.prepare(name, splits)
+        set_num_sms = _kernel_sm_hook(device)
+        outbox.put((name, "ready", {"pid": os.getpid(), "partitions": part.describe()}))
     except Exception:
-        outbox.put(("error", traceback.format_exc()))
+        outbox.put((name, "error", traceback.format_exc()))
         return
     while True:
         msg = inbox.get()
         if msg[0] == "stop":
             return
+        _, items, prefill_sms = msg
         try:
-            outbox.put(("ok", session.run(msg[1])))
+            stream = part.stream(prefill_sms)
+            if set_num_sms is not None:
+                set_num_sms(part.sms_of(name, prefill_sms))
+            start = time.perf_counter()
+            if stream is not None:
+                with torch.cuda.stream(stream):
+                    results = session.run(items)
+                stream.synchronize()
+            else:
+                results = session.run(items)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            elapsed_ms = (time.perf_counter() - start) * 1e3
+            outbox.put((name, "ok", (results, elapsed_ms)))
         except Exception:
-            outbox.put(("error", traceback.format_exc()))
+            outbox.put((name, "error", traceback.format_exc()))
+
+
+def _kernel_sm_hook(device):
+    """The GPU kernels size their split-KV grids from the SMs they may use."""
+    if device.type != "cuda":
+        return None
+    from bullet_trt.kernels import ops_for
+    return getattr(ops_for(device), "set_num_sms", None)
 
 
 class SessionWorker:
-    def __init__(self, name: str, state, profile, threads: int | None = None,
-                 start_timeout_s: float = 300.0):
+    """Parent-side handle of one worker. Results of every worker sharing `outbox` arrive
+    there tagged with the worker's name, so an orchestrator can wait on all of them at once."""
+
+    def __init__(self, name: str, state, profile, partitioner_kind: str = "none",
+                 splits: list[int] | None = None, env: dict | None = None, outbox=None,
+                 threads: int | None = None, start_timeout_s: float = 300.0):
         ctx = mp.get_context("spawn")
         self.name = name
-        self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=_worker_main, args=(name, self.inbox, self.outbox),
+        self.inbox = ctx.Queue()
+        self.outbox = outbox if outbox is not None else ctx.Queue()
+        self.busy = False
+        self.proc = ctx.Process(target=_worker_main, args=(name, env or {}, self.inbox, self.outbox),
                                 name=f"bullet-{name}", daemon=True)
         self.proc.start()
         if threads is None and state.kv_pool.device.type == "cpu":
             threads = max(1, (os.cpu_count() or 2) // 2)
-        self.inbox.put((state, profile, threads))
-        kind, payload = self._receive(start_timeout_s)
+        self.inbox.put((state, profile, threads, partitioner_kind, list(splits or [])))
+        who, kind, payload = self._receive(start_timeout_s)
         if kind != "ready":
             raise WorkerDied(f"{name} worker failed to start:\n{payload}")
-        self.pid = payload
+        self.pid = payload["pid"]
+        self.partitions = payload["partitions"]
 
     def _receive(self, timeout_s: float | None = None):
         waited = 0.0
@@ -67,14 +110,20 @@ class SessionWorker:
                 if timeout_s is not None and waited >= timeout_s:
                     raise WorkerDied(f"{self.name} worker did not answer in {timeout_s:.0f} s")
 
-    def submit(self, items) -> None:
-        self.inbox.put(("run", items))
+    def submit(self, items, prefill_sms: int | None = None) -> None:
+        self.busy = True
+        self.inbox.put(("run", items, prefill_sms))
 
     def result(self):
-        kind, payload = self._receive()
+        """Blocks for this worker's answer (only when it owns its outbox)."""
+        _, kind, payload = self._receive()
+        self.busy = False
         if kind != "ok":
             raise WorkerDied(f"{self.name} worker failed:\n{payload}")
-        return payload
+        return payload[0]
+
+    def alive(self) -> bool:
+        return self.proc.is_alive()
 
     def close(self) -> None:
         if self.proc.is_alive():

@@ -1,0 +1,296 @@
+"""Spatial orchestration: a prefill worker and a decode worker run at the same time, each on
+its own SM partition, over one shared pool; the split is re-chosen at every prefill launch.
+
+The loop never waits for one phase to launch the other. Whenever the decode worker is free it
+gets the next step of every decoding sequence (new arrivals from prefill join here); whenever
+the prefill worker is free the policy picks the split and the prompts to admit. Decode runs
+on the complement of the prefill partition while a prefill is in flight, and on the whole GPU
+otherwise. Modes: `bullet` (dynamic split), `static` (one fixed split for both phases).
+"""
+from __future__ import annotations
+
+import json
+import queue
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.multiprocessing as mp
+
+from bullet_trt.config import ConfigError, EngineConfig
+from bullet_trt.engine.core import EngineCore
+from bullet_trt.engine.kv_pool import blocks_for_tokens
+from bullet_trt.engine.sequence import Sequence, SeqStatus
+from bullet_trt.engine.batch_scheduler import ScheduledChunk
+from bullet_trt.scheduler.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel, PrefillShape
+from bullet_trt.scheduler.policy import (Decision, PolicyState, SloConfig, WaitingPrompt,
+                                         bullet_policy, static_policy)
+from bullet_trt.workers.session_worker import SessionWorker, WorkerDied
+
+
+@dataclass
+class SpatialQueues:
+    """Sequences by phase. `waiting` need a prefill; `decoding` hold their KV and step."""
+
+    allocator: object
+    block_size: int
+    waiting: list[Sequence] = field(default_factory=list)
+    prefilling: list[Sequence] = field(default_factory=list)
+    decoding: list[Sequence] = field(default_factory=list)
+    num_preemptions: int = 0
+
+    @property
+    def running(self) -> list[Sequence]:
+        return self.prefilling + self.decoding
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def release(self, seq: Sequence) -> None:
+        if seq.block_table:
+            self.allocator.free(seq.block_table)
+            seq.block_table = []
+        seq.num_cached_tokens = 0
+        for q in (self.waiting, self.prefilling, self.decoding):
+            if seq in q:
+                q.remove(seq)
+
+    def reserve(self, seq: Sequence, total_tokens: int) -> bool:
+        need = blocks_for_tokens(total_tokens, self.block_size) - len(seq.block_table)
+        if need <= 0:
+            return True
+        if not self.allocator.can_allocate(need):
+            return False
+        seq.block_table.extend(self.allocator.allocate(need))
+        return True
+
+
+class SpatialEngineCore(EngineCore):
+    def __init__(self, cfg: EngineConfig):
+        super().__init__(cfg, executor="none")
+        from bullet_trt.sm.partitioner import make_partitioner
+
+        s = cfg.serve
+        device = self.state.kv_pool.device
+        self.partitioner = make_partitioner(s.partitioner, device)
+        total = self.partitioner.total_sms
+        if s.mode == "static":
+            if s.static_prefill_sms <= 0:
+                raise ConfigError("serve.static_prefill_sms must be > 0 in static mode, "
+                                  f"got {s.static_prefill_sms}")
+            splits = [s.static_prefill_sms]
+        else:
+            splits = self.partitioner.splits()
+        self.partitioner.check_splits(splits)
+        self.splits = splits
+        self.slo = SloConfig(ttft_ms=s.ttft_slo_ms, tpot_ms=s.tpot_slo_ms)
+        self.perf = self._load_perf_model(cfg, total, device)
+        self.scheduler = SpatialQueues(self.allocator, self.state.block_size)
+        self.results = mp.get_context("spawn").Queue()
+        envs = {role: self.partitioner.worker_env(role, splits[0] if s.mode == "static" else None)
+                for role in ("prefill", "decode")}
+        self.prefill = SessionWorker("prefill", self.state, cfg.prefill, s.partitioner, splits,
+                                     envs["prefill"], outbox=self.results)
+        self.decode = SessionWorker("decode", self.state, cfg.decode, s.partitioner, splits,
+                                    envs["decode"], outbox=self.results)
+        self.inflight: dict[str, dict] = {}
+        self.current_prefill_sms: int | None = splits[0] if s.mode == "static" else None
+        self.last_split = (0, 0)
+        self.log = open(s.iteration_log, "a") if s.iteration_log else None
+        self.t0 = time.monotonic()
+
+    def _load_perf_model(self, cfg: EngineConfig, total_sms: int, device) -> PerfModel:
+        """The calibrated model of the engine directory, else uncalibrated defaults that the
+        online correction then pulls toward measured times."""
+        cost = ModelCost.from_arch(self.state.arch, self.state.kv_pool.element_size())
+        path = cfg.resolve_path(PERF_MODEL_FILE)
+        if path.is_file():
+            return PerfModel.load(path, cost)
+        return PerfModel.default(cost, total_sms, on_gpu=device.type == "cuda")
+
+    # -- the loop ---------------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        return bool(self.seqs) or bool(self.inflight)
+
+    def step(self):
+        outputs = []
+        for rid in self._aborted:
+            seq = self.seqs.get(rid)
+            if seq is not None and not self._in_flight(seq):
+                self.seqs.pop(rid)
+                self._finish(seq, "abort")
+                outputs.append(self._output(seq))
+        self._aborted = [rid for rid in self._aborted if rid in self.seqs]
+        if "decode" not in self.inflight:
+            self._launch_decode()
+        if "prefill" not in self.inflight:
+            self._launch_prefill()
+        if not self.inflight:
+            return outputs
+        outputs += self._collect(block=True)
+        return outputs
+
+    def _in_flight(self, seq: Sequence) -> bool:
+        return any(seq in job["seqs"] for job in self.inflight.values())
+
+    def _launch_decode(self) -> None:
+        q = self.scheduler
+        batch: list[Sequence] = []
+        for seq in list(q.decoding):
+            if len(batch) >= self.cfg.decode.max_num_seqs:
+                break
+            if seq.status is not SeqStatus.RUNNING:
+                continue
+            while not q.reserve(seq, seq.num_tokens):
+                victim = next((s for s in reversed(q.decoding) if s not in batch), None)
+                if victim is None:
+                    break
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            if seq.status is SeqStatus.RUNNING and seq in q.decoding:
+                batch.append(seq)
+        if not batch:
+            return
+        split = self.current_prefill_sms if "prefill" in self.inflight or self.cfg.serve.mode == "static" else None
+        items = [self._item(ScheduledChunk(s, 1)) for s in batch]
+        total_ctx = sum(s.num_tokens for s in batch)
+        sms = self.partitioner.total_sms if split is None else self.partitioner.total_sms - split
+        predicted = self.perf.decode_ms(len(batch), total_ctx, sms)
+        self.decode.submit(items, split)
+        self.inflight["decode"] = dict(seqs=batch, chunks=[ScheduledChunk(s, 1) for s in batch],
+                                       predicted=predicted, split=split, tokens=len(batch),
+                                       start=time.monotonic())
+
+    def _preempt(self, seq: Sequence) -> None:
+        q = self.scheduler
+        q.release(seq)
+        seq.status = SeqStatus.WAITING
+        q.waiting.insert(0, seq)
+        q.num_preemptions += 1
+
+    def _decision(self, candidates: list[Sequence]) -> Decision:
+        q = self.scheduler
+        now = time.monotonic()
+        decoding = [s for s in q.decoding if s.status is SeqStatus.RUNNING]
+        state = PolicyState(
+            now=now, total_sms=self.partitioner.total_sms, splits=self.splits,
+            decode_batch=len(decoding), decode_total_ctx=sum(s.num_tokens for s in decoding),
+            waiting=[WaitingPrompt(s.arrival_time, s.num_uncached) for s in candidates],
+            max_prefill_tokens=self.cfg.prefill.max_num_batched_tokens,
+            max_prefill_seqs=self.cfg.prefill.max_num_seqs,
+            free_seq_slots=self.cfg.decode.max_num_seqs - len(q.decoding) - len(q.prefilling))
+        if self.cfg.serve.mode == "static":
+            return static_policy(state, self.slo, self.perf, self.splits[0])
+        if not self.splits:  # no partitioning available (CPU): each phase uses what it gets
+            d = bullet_policy(state, self.slo, self.perf)
+            d.prefill_sms = None
+            return d
+        return bullet_policy(state, self.slo, self.perf)
+
+    def _launch_prefill(self) -> None:
+        q = self.scheduler
+        if not q.waiting:
+            return
+        decision = self._decision(list(q.waiting))
+        batch: list[Sequence] = []
+        candidates = list(q.waiting)
+        for i in decision.admit:
+            seq = candidates[i]
+            if not q.reserve(seq, seq.num_tokens):
+                break  # blocks run out: the rest wait for decodes to finish
+            batch.append(seq)
+        if not batch:
+            return
+        for seq in batch:
+            q.waiting.remove(seq)
+            seq.status = SeqStatus.RUNNING
+            q.prefilling.append(seq)
+        chunks = [ScheduledChunk(s, s.num_uncached) for s in batch]
+        items = [self._item(c) for c in chunks]
+        self.current_prefill_sms = decision.prefill_sms
+        sms = self.partitioner.total_sms if decision.prefill_sms is None else decision.prefill_sms
+        shape = PrefillShape.of([c.num_new_tokens for c in chunks])
+        self.prefill.submit(items, decision.prefill_sms)
+        self.inflight["prefill"] = dict(seqs=batch, chunks=chunks, split=decision.prefill_sms,
+                                        predicted=self.perf.prefill_ms(shape, sms),
+                                        tokens=shape.num_tokens, start=time.monotonic())
+
+    def _collect(self, block: bool):
+        outputs = []
+        while True:
+            try:
+                name, kind, payload = self.results.get(timeout=0.5 if block else 0.0)
+            except queue.Empty:
+                for w in (self.prefill, self.decode):
+                    if not w.alive():
+                        raise WorkerDied(f"{w.name} worker exited with code {w.proc.exitcode}")
+                if block:
+                    continue
+                return outputs
+            if kind != "ok":
+                raise WorkerDied(f"{name} worker failed:\n{payload}")
+            results, measured_ms = payload
+            job = self.inflight.pop(name)
+            outputs += self._complete(name, job, results, measured_ms)
+            return outputs
+
+    def _complete(self, phase: str, job: dict, results, measured_ms: float):
+        q = self.scheduler
+        self.perf.observe(phase, job["predicted"], measured_ms)
+        outputs = []
+        for chunk, res in zip(job["chunks"], results):
+            seq = chunk.seq
+            if seq.status is not SeqStatus.RUNNING:
+                continue
+            seq.num_cached_tokens += chunk.num_new_tokens
+            if phase == "prefill":
+                q.prefilling.remove(seq)
+                q.decoding.append(seq)
+            if seq.request_id in self._aborted:
+                self._aborted.remove(seq.request_id)
+                self.seqs.pop(seq.request_id, None)
+                self._finish(seq, "abort")
+                outputs.append(self._output(seq))
+                continue
+            if res is not None:
+                self._accept(seq, res)
+                outputs.append(self._output(seq))
+                if seq.status is SeqStatus.FINISHED:
+                    self.seqs.pop(seq.request_id, None)
+        self._record(phase, job, measured_ms)
+        return outputs
+
+    def _record(self, phase: str, job: dict, measured_ms: float) -> None:
+        total = self.partitioner.total_sms
+        split = job["split"]
+        prefill_sms = total if split is None else split
+        decode_sms = total if split is None else total - split
+        self.last_split = (prefill_sms if phase == "prefill" else self.last_split[0],
+                           decode_sms if phase == "decode" else self.last_split[1])
+        if self.log is None:
+            return
+        q = self.scheduler
+        rec = {"t": round(job["start"] - self.t0, 6), "phase": phase, "batch": len(job["seqs"]),
+               "tokens": job["tokens"], "sms": prefill_sms if phase == "prefill" else decode_sms,
+               "prefill_sms": prefill_sms if split is not None or phase == "prefill" else 0,
+               "decode_sms": decode_sms if split is not None or phase == "decode" else 0,
+               "predicted_ms": round(job["predicted"], 3), "measured_ms": round(measured_ms, 3),
+               "waiting": len(q.waiting), "prefilling": len(q.prefilling), "decoding": len(q.decoding)}
+        self.log.write(json.dumps(rec) + "\n")
+        self.log.flush()
+
+    def stats(self):
+        st = super().stats()
+        st.prefill_sms, st.decode_sms = self.last_split
+        return st
+
+    def close(self) -> None:
+        self.prefill.close()
+        self.decode.close()
+        if self.log is not None:
+            self.log.close()
+        device = self.state.kv_pool.device
+        del self.state
+        if device.type == "cuda":
+            torch.cuda.empty_cache()

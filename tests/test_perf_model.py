@@ -1,0 +1,62 @@
+"""The performance model: roofline shape, fitting synthetic data, online correction."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bullet_trt.scheduler.perf_model import (ModelCost, PerfModel, PrefillShape, ProfilePoint,
+                                             RooflineCoeffs, fit, median_abs_pct_error, predict_point)
+
+# Llama-3.1-8B-like costs in bf16
+COST = ModelCost(weight_bytes=16e9, flops_per_token=16e9, kv_bytes_per_token=131072,
+                 attn_flops_per_pair=4 * 32 * 4096)
+TRUE = RooflineCoeffs(total_sms=132, peak_tflops=700.0, bw_max_gbs=4200.0, bw_knee_sms=24.0,
+                      prefill_overhead_ms=1.5, decode_overhead_ms=0.4)
+
+
+def synthetic_points(model: PerfModel, noise: float, seed: int) -> list[ProfilePoint]:
+    rng = random.Random(seed)
+    points = []
+    for sms in (24, 32, 48, 64, 80, 96, 112, 132):
+        for tokens in (128, 512, 2048, 4096):
+            shape = PrefillShape.of([tokens])
+            ms = model.prefill_ms(shape, sms) * (1 + rng.uniform(-noise, noise))
+            points.append(ProfilePoint("prefill", sms, ms, num_tokens=tokens, attn_pairs=shape.attn_pairs))
+        for batch, ctx in ((1, 512), (16, 1024), (64, 1024), (128, 2048)):
+            ms = model.decode_ms(batch, batch * ctx, sms) * (1 + rng.uniform(-noise, noise))
+            points.append(ProfilePoint("decode", sms, ms, batch=batch, total_ctx=batch * ctx))
+    return points
+
+
+def test_roofline_shape_matches_the_measured_facts():
+    m = PerfModel(COST, TRUE)
+    # bandwidth saturates: half the SMs keep most of the decode speed ...
+    assert m.decode_ms(64, 64 * 1024, 64) < 1.25 * m.decode_ms(64, 64 * 1024, 132)
+    # ... while a compute-bound prefill slows roughly in proportion to lost SMs
+    shape = PrefillShape.of([4096])
+    assert m.prefill_ms(shape, 66) > 1.8 * m.prefill_ms(shape, 132)
+    # more work never takes less time, fewer SMs never make it faster
+    assert m.decode_ms(64, 64 * 2048, 64) > m.decode_ms(64, 64 * 1024, 64)
+    assert m.prefill_ms(PrefillShape.of([512]), 32) > m.prefill_ms(PrefillShape.of([512]), 64)
+
+
+def test_fit_recovers_synthetic_roofline():
+    truth = PerfModel(COST, TRUE)
+    train = synthetic_points(truth, noise=0.03, seed=1)
+    held_out = synthetic_points(truth, noise=0.0, seed=2)
+    fitted = fit(COST, 132, train)
+    assert median_abs_pct_error(fitted, held_out) < 5.0
+    for p in held_out:
+        assert predict_point(fitted, p) == pytest.approx(p.measured_ms, rel=0.15)
+
+
+def test_online_correction_tracks_a_slower_gpu(tmp_path):
+    m = PerfModel(COST, TRUE)
+    base = m.decode_ms(32, 32 * 1024, 64)
+    for _ in range(30):
+        m.observe("decode", m.decode_ms(32, 32 * 1024, 64), 1.5 * base)
+    assert m.decode_ms(32, 32 * 1024, 64) == pytest.approx(1.5 * base, rel=0.02)
+    assert m.correction["prefill"] == 1.0
+    m.save(tmp_path / "pm.yaml")
+    assert PerfModel.load(tmp_path / "pm.yaml", COST).coeffs == TRUE

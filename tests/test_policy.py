@@ -1,0 +1,72 @@
+"""The Bullet policy on synthetic states: SLO-driven split, deadline admission, idle phases."""
+from __future__ import annotations
+
+from bullet_trt.scheduler.perf_model import PerfModel, PrefillShape
+from bullet_trt.scheduler.policy import (PolicyState, SloConfig, WaitingPrompt, bullet_policy,
+                                         static_policy)
+from tests.test_perf_model import COST, TRUE
+
+MODEL = PerfModel(COST, TRUE)
+SPLITS = list(range(8, 132, 8))
+SLO = SloConfig(ttft_ms=1000.0, tpot_ms=50.0)
+
+
+def state(decode_batch=32, ctx=1024, waiting=((0.0, 1024),), now=0.0, **kw) -> PolicyState:
+    return PolicyState(now=now, total_sms=132, splits=SPLITS, decode_batch=decode_batch,
+                       decode_total_ctx=decode_batch * ctx,
+                       waiting=[WaitingPrompt(a, n) for a, n in waiting], **kw)
+
+
+def test_decode_gets_the_fewest_sms_that_meet_tpot():
+    d = bullet_policy(state(), SLO, MODEL)
+    decode_sms = d.decode_sms(132)
+    assert MODEL.decode_ms(32, 32 * 1024, decode_sms) <= SLO.tpot_ms * SLO.margin
+    # one granule fewer would miss the (margined) SLO, unless decode is already at the minimum
+    if d.prefill_sms < SPLITS[-1]:
+        assert MODEL.decode_ms(32, 32 * 1024, decode_sms - 8) > SLO.tpot_ms * SLO.margin
+    assert d.predicted_decode_ms <= SLO.tpot_ms
+
+
+def test_tighter_tpot_gives_decode_more_sms():
+    loose = bullet_policy(state(decode_batch=128, ctx=2048), SloConfig(1000, 60), MODEL)
+    tight = bullet_policy(state(decode_batch=128, ctx=2048), SloConfig(1000, 25), MODEL)
+    assert tight.decode_sms(132) > loose.decode_sms(132)
+
+
+def test_unreachable_tpot_keeps_prefill_at_the_minimum():
+    d = bullet_policy(state(decode_batch=256, ctx=4096), SloConfig(1000, 1.0), MODEL)
+    assert d.prefill_sms == SPLITS[0]
+
+
+def test_idle_phases_yield_every_sm():
+    no_decode = bullet_policy(state(decode_batch=0), SLO, MODEL)
+    assert no_decode.prefill_sms is None and no_decode.admit == [0]
+    no_prefill = bullet_policy(state(waiting=()), SLO, MODEL)
+    assert no_prefill.prefill_sms is None and no_prefill.admit == []
+
+
+def test_admission_respects_deadlines_and_budgets():
+    # ten 2048-token prompts that arrived 0.9 s ago: only a few fit in the remaining slack
+    many = tuple((-0.9 + i * 0.001, 2048) for i in range(10))
+    d = bullet_policy(state(waiting=many, max_prefill_tokens=1 << 20, max_prefill_seqs=64), SLO, MODEL)
+    assert 1 <= len(d.admit) < 10
+    assert d.admit == sorted(d.admit)  # earliest deadline first
+    sms = d.prefill_sms
+    tokens = [2048] * len(d.admit)
+    slack = (-0.9 - 0.0) * 1e3 + SLO.ttft_ms * SLO.margin
+    assert len(d.admit) == 1 or MODEL.prefill_ms(PrefillShape.of(tokens), sms) <= slack + 1e-9
+    # the token budget and the free decode slots cap the batch too
+    fresh = tuple((0.0, 1000) for _ in range(10))
+    assert len(bullet_policy(state(waiting=fresh, max_prefill_tokens=3000), SLO, MODEL).admit) == 3
+    assert len(bullet_policy(state(waiting=fresh, free_seq_slots=2), SLO, MODEL).admit) == 2
+    assert bullet_policy(state(waiting=fresh, free_seq_slots=0), SLO, MODEL).admit == []
+
+
+def test_late_head_still_admitted():
+    d = bullet_policy(state(waiting=((-5.0, 4096), (-4.0, 4096))), SLO, MODEL)
+    assert d.admit[0] == 0
+
+
+def test_static_policy_never_moves_the_split():
+    for s in (state(), state(decode_batch=0), state(decode_batch=256, ctx=4096)):
+        assert static_policy(s, SLO, MODEL, prefill_sms=64).prefill_sms == 64
