@@ -119,6 +119,36 @@ def build_from_checkpoint(checkpoint: Path, out: Path, max_model_len: int | None
     return out
 
 
+def build_dummy_engine(arch_name: str, out: Path, max_model_len: int | None, seed: int) -> Path:
+    """Random weights of a real architecture (made on the device at load time) and a
+    tokenizer whose vocabulary covers the model's: the default BPE plus filler tokens."""
+    from tokenizers import AddedToken, Tokenizer as HFTokenizer
+
+    from bullet_trt.model.default_tokenizer import write_default_tokenizer
+    from bullet_trt.model.presets import PRESETS
+
+    if arch_name not in PRESETS:
+        raise ValueError(f"--arch must be one of {sorted(PRESETS)}, got {arch_name!r}")
+    hp = PRESETS[arch_name]
+    ckpt = out / "checkpoint"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / "config.json").write_text(json.dumps(hp, indent=2) + "\n")
+    write_default_tokenizer(ckpt)
+    tok = HFTokenizer.from_file(str(ckpt / "tokenizer.json"))
+    filler = [AddedToken(f"<|filler_{i}|>", special=False, normalized=False)
+              for i in range(tok.get_vocab_size(), hp["vocab_size"])]
+    tok.add_tokens(filler)
+    tok.save(str(ckpt / "tokenizer.json"))
+    max_len = max_model_len or 8192
+    prefill, decode = default_profiles(max_len)
+    note = f"DUMMY WEIGHTS: random weights with the shape of {arch_name} (seed {seed}); for benchmarks."
+    cfg = EngineConfig(checkpoint="checkpoint", tokenizer="checkpoint", dtype="bfloat16", seed=seed,
+                       untrained=True, dummy_weights=True, description=note,
+                       prefill=prefill, decode=decode)
+    save_engine_config(cfg, out, header=note)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", type=Path, help="Hugging Face checkpoint directory")
@@ -127,8 +157,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, help="prompt + output tokens per sequence")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--force", action="store_true", help="rebuild the default even if present")
+    ap.add_argument("--dummy-weights", action="store_true",
+                    help="random weights of the --arch preset, made on the device at load time")
+    ap.add_argument("--arch", help="preset for --dummy-weights: llama-3.1-8b, qwen3-8b, llama-3.1-70b")
+    ap.add_argument("--profile", action="store_true",
+                    help="measure the engine on this GPU and write the calibrated performance model")
     args = ap.parse_args(argv)
-    if args.checkpoint:
+    if args.profile:
+        from bullet_trt.scheduler.calibrate import calibrate_engine_dir
+        target = args.out or DEFAULT_ENGINE_DIR
+        if args.dummy_weights or args.checkpoint:
+            raise SystemExit("--profile calibrates an existing engine directory (--out); build it first")
+        calibrate_engine_dir(target)
+        return 0
+    if args.dummy_weights:
+        if not args.arch:
+            raise SystemExit("--dummy-weights needs --arch (one of llama-3.1-8b, qwen3-8b, llama-3.1-70b)")
+        out = build_dummy_engine(args.arch, args.out or ROOT / "engines" / args.arch,
+                                 args.max_model_len, args.seed)
+    elif args.checkpoint:
         out = build_from_checkpoint(args.checkpoint, args.out or ROOT / "engines" / args.checkpoint.name,
                                     args.max_model_len, args.dtype)
     else:

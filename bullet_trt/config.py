@@ -48,6 +48,7 @@ class ServeConfig:
     ttft_slo_ms: float = 1000.0
     tpot_slo_ms: float = 50.0
     partitioner: str = "auto"  # auto | green | libsmctrl | mps | none
+    libsmctrl_path: str = ""  # the user's libsmctrl.so (never shipped with the project)
     static_prefill_sms: int = 0
     iteration_log: str = ""  # JSONL path; empty disables the per-iteration record
     max_queue: int = 1024
@@ -62,6 +63,7 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     seed: int = 0
     untrained: bool = False
+    dummy_weights: bool = False  # random weights made on the device; the checkpoint holds only config.json
     description: str = ""
     kv: KVCacheConfig = field(default_factory=KVCacheConfig)
     prefill: ProfileConfig = field(default_factory=lambda: ProfileConfig(
@@ -116,6 +118,12 @@ class EngineConfig:
         if s.ttft_slo_ms <= 0 or s.tpot_slo_ms <= 0:
             raise ConfigError("serve.ttft_slo_ms and serve.tpot_slo_ms must be > 0, got "
                               f"{s.ttft_slo_ms} and {s.tpot_slo_ms}")
+        if s.mode == "static" and s.static_prefill_sms <= 0:
+            raise ConfigError("serve.static_prefill_sms must be > 0 in static mode (the prefill "
+                              f"worker's SM count), got {s.static_prefill_sms}")
+        if s.partitioner not in ("auto", "green", "libsmctrl", "mps", "none"):
+            raise ConfigError("serve.partitioner must be auto, green, libsmctrl, mps or none, "
+                              f"got {s.partitioner!r}")
         if s.chunk_size <= 0:
             raise ConfigError(f"serve.chunk_size must be > 0, got {s.chunk_size}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

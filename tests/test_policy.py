@@ -70,3 +70,10 @@ def test_late_head_still_admitted():
 def test_static_policy_never_moves_the_split():
     for s in (state(), state(decode_batch=0), state(decode_batch=256, ctx=4096)):
         assert static_policy(s, SLO, MODEL, prefill_sms=64).prefill_sms == 64
+
+
+def test_without_partitioning_prefill_is_never_split():
+    s = state()
+    s.splits = []
+    d = bullet_policy(s, SLO, MODEL)
+    assert d.prefill_sms is None and d.admit == [0]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.multiprocessing as mp
 
-from bullet_trt.config import ConfigError, EngineConfig
+from bullet_trt.config import EngineConfig
 from bullet_trt.engine.core import EngineCore
 from bullet_trt.engine.kv_pool import blocks_for_tokens
 from bullet_trt.engine.sequence import Sequence, SeqStatus
@@ -72,29 +72,37 @@ class SpatialEngineCore(EngineCore):
 
         s = cfg.serve
         device = self.state.kv_pool.device
-        self.partitioner = make_partitioner(s.partitioner, device)
-        total = self.partitioner.total_sms
-        if s.mode == "static":
-            if s.static_prefill_sms <= 0:
-                raise ConfigError("serve.static_prefill_sms must be > 0 in static mode, "
-                                  f"got {s.static_prefill_sms}")
-            splits = [s.static_prefill_sms]
+        static = s.mode == "static"
+        self.partitioner = make_partitioner(s.partitioner, device,
+                                            prefill_sms=s.static_prefill_sms if static else None,
+                                            libsmctrl_path=s.libsmctrl_path or None)
+        # Without partitioning (CPU) each phase runs on what the OS gives it; the policy still
+        # admits by deadline but has no split to choose.
+        self.total_sms = self.partitioner.total_sms or 1
+        if self.partitioner.name == "none":
+            splits: list[int] = []
+        elif static:
+            splits = self.partitioner.validate_splits([s.static_prefill_sms], "serve.static_prefill_sms")
         else:
             splits = self.partitioner.splits()
-        self.partitioner.check_splits(splits)
         self.splits = splits
+        total = self.total_sms
         self.slo = SloConfig(ttft_ms=s.ttft_slo_ms, tpot_ms=s.tpot_slo_ms)
         self.perf = self._load_perf_model(cfg, total, device)
         self.scheduler = SpatialQueues(self.allocator, self.state.block_size)
         self.results = mp.get_context("spawn").Queue()
-        envs = {role: self.partitioner.worker_env(role, splits[0] if s.mode == "static" else None)
-                for role in ("prefill", "decode")}
-        self.prefill = SessionWorker("prefill", self.state, cfg.prefill, s.partitioner, splits,
-                                     envs["prefill"], outbox=self.results)
-        self.decode = SessionWorker("decode", self.state, cfg.decode, s.partitioner, splits,
-                                    envs["decode"], outbox=self.results)
+        kind = self.partitioner.name
+        static_split = splits[0] if static and splits else None
+        workers = {}
+        for role, profile in (("prefill", cfg.prefill), ("decode", cfg.decode)):
+            env = self.partitioner.worker_env(role, static_split)
+            if s.libsmctrl_path:
+                env["LIBSMCTRL_PATH"] = s.libsmctrl_path
+            workers[role] = SessionWorker(role, self.state, profile, kind, splits, env,
+                                          outbox=self.results)
+        self.prefill, self.decode = workers["prefill"], workers["decode"]
         self.inflight: dict[str, dict] = {}
-        self.current_prefill_sms: int | None = splits[0] if s.mode == "static" else None
+        self.current_prefill_sms: int | None = static_split
         self.last_split = (0, 0)
         self.log = open(s.iteration_log, "a") if s.iteration_log else None
         self.t0 = time.monotonic()
@@ -155,7 +163,7 @@ class SpatialEngineCore(EngineCore):
         split = self.current_prefill_sms if "prefill" in self.inflight or self.cfg.serve.mode == "static" else None
         items = [self._item(ScheduledChunk(s, 1)) for s in batch]
         total_ctx = sum(s.num_tokens for s in batch)
-        sms = self.partitioner.total_sms if split is None else self.partitioner.total_sms - split
+        sms = self.total_sms if split is None else self.total_sms - split
         predicted = self.perf.decode_ms(len(batch), total_ctx, sms)
         self.decode.submit(items, split)
         self.inflight["decode"] = dict(seqs=batch, chunks=[ScheduledChunk(s, 1) for s in batch],
@@ -174,18 +182,14 @@ class SpatialEngineCore(EngineCore):
         now = time.monotonic()
         decoding = [s for s in q.decoding if s.status is SeqStatus.RUNNING]
         state = PolicyState(
-            now=now, total_sms=self.partitioner.total_sms, splits=self.splits,
+            now=now, total_sms=self.total_sms, splits=self.splits,
             decode_batch=len(decoding), decode_total_ctx=sum(s.num_tokens for s in decoding),
             waiting=[WaitingPrompt(s.arrival_time, s.num_uncached) for s in candidates],
             max_prefill_tokens=self.cfg.prefill.max_num_batched_tokens,
             max_prefill_seqs=self.cfg.prefill.max_num_seqs,
             free_seq_slots=self.cfg.decode.max_num_seqs - len(q.decoding) - len(q.prefilling))
-        if self.cfg.serve.mode == "static":
+        if self.cfg.serve.mode == "static" and self.splits:
             return static_policy(state, self.slo, self.perf, self.splits[0])
-        if not self.splits:  # no partitioning available (CPU): each phase uses what it gets
-            d = bullet_policy(state, self.slo, self.perf)
-            d.prefill_sms = None
-            return d
         return bullet_policy(state, self.slo, self.perf)
 
     def _launch_prefill(self) -> None:
@@ -209,7 +213,7 @@ class SpatialEngineCore(EngineCore):
         chunks = [ScheduledChunk(s, s.num_uncached) for s in batch]
         items = [self._item(c) for c in chunks]
         self.current_prefill_sms = decision.prefill_sms
-        sms = self.partitioner.total_sms if decision.prefill_sms is None else decision.prefill_sms
+        sms = self.total_sms if decision.prefill_sms is None else decision.prefill_sms
         shape = PrefillShape.of([c.num_new_tokens for c in chunks])
         self.prefill.submit(items, decision.prefill_sms)
         self.inflight["prefill"] = dict(seqs=batch, chunks=chunks, split=decision.prefill_sms,
@@ -262,7 +266,7 @@ class SpatialEngineCore(EngineCore):
         return outputs
 
     def _record(self, phase: str, job: dict, measured_ms: float) -> None:
-        total = self.partitioner.total_sms
+        total = self.partitioner.total_sms  # 0 without partitioning (CPU)
         split = job["split"]
         prefill_sms = total if split is None else split
         decode_sms = total if split is None else total - split

@@ -76,7 +76,7 @@ def _admit(state: PolicyState, slo: SloConfig, model: PerfModel, sms: int) -> tu
 def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decision:
     if not state.waiting or state.free_seq_slots <= 0:
         return Decision(prefill_sms=None, admit=[])
-    if state.decode_batch == 0:
+    if state.decode_batch == 0 or not state.splits:  # alone, or nothing to split (CPU)
         admit, ms = _admit(state, slo, model, state.total_sms)
         return Decision(None, admit, predicted_prefill_ms=ms)
     budget = slo.tpot_ms * slo.margin

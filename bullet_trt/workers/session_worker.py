@@ -32,10 +32,11 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
         from bullet_trt.sm.partitioner import make_partitioner
         session = attach_session(state, profile)
         device = state.kv_pool.device
-        part = make_partitioner(partitioner_kind, device)
-        if device.type == "cuda" and partitioner_kind not in ("none",):
-            from bullet_trt.sm.mps import require_mps_client
-            require_mps_client(name)
+        spatial = device.type == "cuda" and partitioner_kind != "none"
+        # A static MPS split is the one split it is given; two workers outside MPS only
+        # time-slice, so a spatial partitioner insists on running as an MPS client.
+        part = make_partitioner(partitioner_kind, device, require_mps=spatial,
+                                prefill_sms=splits[0] if partitioner_kind == "mps" and splits else None)
         part.prepare(name, splits)
         set_num_sms = _kernel_sm_hook(device)
         outbox.put((name, "ready", {"pid": os.getpid(), "partitions": part.describe()}))
@@ -50,7 +51,7 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
         try:
             stream = part.stream(prefill_sms)
             if set_num_sms is not None:
-                set_num_sms(part.sms_of(name, prefill_sms))
+                set_num_sms(_sms_of(part, name, prefill_sms))
             start = time.perf_counter()
             if stream is not None:
                 with torch.cuda.stream(stream):
@@ -64,6 +65,12 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
             outbox.put((name, "ok", (results, elapsed_ms)))
         except Exception:
             outbox.put((name, "error", traceback.format_exc()))
+
+
+def _sms_of(part, role: str, prefill_sms: int | None) -> int:
+    if part.is_full(prefill_sms):
+        return part.total_sms
+    return prefill_sms if role == "prefill" else part.total_sms - prefill_sms
 
 
 def _kernel_sm_hook(device):

@@ -1,0 +1,110 @@
+"""Calibrates the performance model on the target GPU (``build_engines.py --profile``).
+
+Times real engine steps (prefill of packed prompts, decode steps over paged contexts) on
+green-context partitions of several SM counts, fits the roofline coefficients on 70% of the
+points and reports the median absolute error on the held-out 30%. Writes perf_model.yaml
+(coefficients, errors) and perf_profile.json (every point) into the engine directory.
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+
+import torch
+
+from bullet_trt.config import load_engine_config
+from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt.engine.session import BatchItem, TorchSession
+from bullet_trt.engine.shared_state import build_shared_state
+from bullet_trt.scheduler.perf_model import (PERF_MODEL_FILE, ModelCost, PrefillShape, ProfilePoint,
+                                             fit, median_abs_pct_error)
+
+PREFILL_TOKENS = (128, 512, 1024, 2048, 4096)
+DECODE_SHAPES = ((1, 512), (8, 1024), (32, 512), (32, 2048), (64, 1024), (128, 1024))
+
+
+def _time_ms(fn, stream, repeats: int = 3) -> float:
+    with torch.cuda.stream(stream):
+        fn()  # warm-up
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            fn()
+            end.record(stream)
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _items(lengths: list[int], decode: bool, block_size: int) -> list[BatchItem]:
+    items, next_block = [], 0
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    for n in lengths:
+        blocks = -(-n // block_size)
+        table = list(range(next_block, next_block + blocks))
+        next_block += blocks
+        if decode:
+            items.append(BatchItem("d", [7], n - 1, table, params, True, output_index=1))
+        else:
+            items.append(BatchItem("p", [7] * n, 0, table, params, True))
+    return items
+
+
+def measure(session: TorchSession, streams: dict[int, torch.cuda.Stream], block_size: int,
+            max_len: int, pool_blocks: int) -> list[ProfilePoint]:
+    points = []
+    for sms, stream in sorted(streams.items()):
+        for tokens in PREFILL_TOKENS:
+            if tokens > max_len or -(-tokens // block_size) > pool_blocks:
+                continue
+            items = _items([tokens], False, block_size)
+            ms = _time_ms(lambda: session.run(items), stream)
+            shape = PrefillShape.of([tokens])
+            points.append(ProfilePoint("prefill", sms, ms, num_tokens=tokens, attn_pairs=shape.attn_pairs))
+        for batch, ctx in DECODE_SHAPES:
+            if ctx > max_len or batch * -(-ctx // block_size) > pool_blocks:
+                continue
+            items = _items([ctx] * batch, True, block_size)
+            ms = _time_ms(lambda: session.run(items), stream)
+            points.append(ProfilePoint("decode", sms, ms, batch=batch, total_ctx=batch * ctx))
+        print(f"  measured {sms} SMs", flush=True)
+    return points
+
+
+def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (32, 64, 96),
+                         seed: int = 0) -> dict:
+    from bullet_trt.sm.partitioner import make_partitioner
+
+    cfg = load_engine_config(engine_dir)
+    if not torch.cuda.is_available():
+        raise RuntimeError("--profile needs a CUDA GPU: it measures the target GPU")
+    state, model = build_shared_state(cfg, share=False)
+    state.kv_pool.normal_()  # time on data, not zeros
+    session = TorchSession(model, state.kv_pool, state.block_size, cfg.prefill)
+    part = make_partitioner("green", state.kv_pool.device)
+    total = part.total_sms
+    counts = [c for c in sm_counts if c < total]
+    part.prepare("prefill", counts)
+    streams = {c: part.stream(c) for c in counts}
+    streams[total] = torch.cuda.current_stream()
+    print(f"calibrating on {torch.cuda.get_device_name()} ({total} SMs) at {sorted(streams)} SMs", flush=True)
+    points = measure(session, streams, state.block_size, cfg.max_model_len, state.num_blocks)
+    rng = random.Random(seed)
+    shuffled = points[:]
+    rng.shuffle(shuffled)
+    cut = int(len(shuffled) * 0.7)
+    train, held_out = shuffled[:cut], shuffled[cut:]
+    cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size())
+    model_fit = fit(cost, total, train)
+    report = {"gpu": torch.cuda.get_device_name(), "total_sms": total, "points": len(points),
+              "train_median_abs_pct_error": round(median_abs_pct_error(model_fit, train), 2),
+              "held_out_median_abs_pct_error": round(median_abs_pct_error(model_fit, held_out), 2)}
+    model_fit.save(Path(engine_dir) / PERF_MODEL_FILE, extra={"calibration": report})
+    (Path(engine_dir) / "perf_profile.json").write_text(json.dumps(
+        {"report": report, "points": [vars(p) for p in points],
+         "held_out": [points.index(p) for p in held_out]}, indent=1))
+    print(json.dumps(report), flush=True)
+    return report

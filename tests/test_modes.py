@@ -1,0 +1,80 @@
+"""The three serving modes run the same model: greedy outputs are identical, and the spatial
+modes leave a per-iteration record that the plot command draws."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bullet_trt.bench.plot_iterations import load, plot
+from bullet_trt.engine.llm import LLM
+from bullet_trt.engine.sampling import SamplingParams
+from tests.test_engine import GREEDY, llama_engine, prompts  # noqa: F401 (fixture)
+
+
+def run_mode(engine_dir, mode: str, batch, **extra):
+    with LLM(str(engine_dir), executor="serve", **{"serve.mode": mode, **extra}) as llm:
+        out = [c.token_ids for c in llm.generate_token_ids(batch, GREEDY)]
+        stats = llm.engine.stats()
+    return out, stats
+
+
+def test_greedy_outputs_identical_across_modes(llama_engine, tmp_path):
+    batch = prompts(10, seed=5)
+    chunked, _ = run_mode(llama_engine, "chunked", batch, **{"serve.chunk_size": 32})
+    log = tmp_path / "iterations.jsonl"
+    bullet, stats = run_mode(llama_engine, "bullet", batch, **{"serve.iteration_log": str(log)})
+    static, _ = run_mode(llama_engine, "static", batch, **{"serve.static_prefill_sms": 8})
+    assert bullet == chunked
+    assert static == chunked
+    assert stats.kv_blocks_free == stats.kv_blocks_total
+    records = load(log)
+    phases = {r["phase"] for r in records}
+    assert phases == {"prefill", "decode"}
+    assert sum(r["batch"] for r in records if r["phase"] == "prefill") >= len(batch)
+    for r in records:
+        assert r["measured_ms"] > 0 and r["predicted_ms"] > 0
+        assert set(r) >= {"t", "phase", "batch", "tokens", "prefill_sms", "decode_sms", "waiting"}
+    png = plot(records, tmp_path / "split.png")
+    assert png.stat().st_size > 1000
+
+
+@pytest.fixture(scope="module")
+def default_engine(tmp_path_factory):
+    from build_engines import build_default_engine
+    return build_default_engine(tmp_path_factory.mktemp("default") / "engine")
+
+
+def test_decode_keeps_stepping_while_prefill_runs(default_engine, tmp_path):
+    """Requests arriving while others decode: the decode worker's iterations interleave with
+    prefill iterations instead of waiting for them (records overlap in time)."""
+    log = tmp_path / "it.jsonl"
+    with LLM(str(default_engine), executor="serve", **{"serve.mode": "bullet", "serve.iteration_log": str(log)}) as llm:
+        core = llm.engine
+        from bullet_trt.engine.request import NewRequest
+        long_params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+        for i, ids in enumerate(prompts(4, seed=1)):
+            core.add_request(NewRequest(f"a{i}", ids, long_params))
+        steps = 0
+        while core.has_unfinished():
+            core.step()
+            steps += 1
+            if steps == 10:  # a second wave arrives mid-decode
+                for i, ids in enumerate(prompts(4, seed=2)):
+                    core.add_request(NewRequest(f"b{i}", ids * 8, long_params))
+    records = [json.loads(line) for line in open(log)]
+    pre = [r for r in records if r["phase"] == "prefill"]
+    dec = [r for r in records if r["phase"] == "decode"]
+    overlapping = [d for d in dec for p in pre
+                   if p["t"] <= d["t"] < p["t"] + p["measured_ms"] / 1e3]
+    assert overlapping, "no decode step started while a prefill was running"
+
+
+def test_bad_split_configuration_is_a_startup_error(llama_engine):
+    from bullet_trt.config import ConfigError
+    with pytest.raises(ConfigError, match="static_prefill_sms"):
+        LLM(str(llama_engine), executor="serve", **{"serve.mode": "static", "serve.static_prefill_sms": 0})
+    with pytest.raises(ConfigError, match="tpot_slo_ms"):
+        LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.tpot_slo_ms": 0})
+    with pytest.raises((ValueError, RuntimeError), match="serve.partitioner"):
+        LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.partitioner": "green"})
