@@ -50,6 +50,9 @@ class ServeConfig:
     partitioner: str = "auto"  # auto | green | libsmctrl | mps | none
     libsmctrl_path: str = ""  # the user's libsmctrl.so (never shipped with the project)
     static_prefill_sms: int = 0
+    # Neither phase gets fewer SMs than this while both run (small partitions starve
+    # kernels that need many CTAs, and some cuBLAS kernels fail on them).
+    min_phase_sms: int = 32
     iteration_log: str = ""  # JSONL path; empty disables the per-iteration record
     max_queue: int = 1024
 
@@ -124,6 +127,8 @@ class EngineConfig:
         if s.partitioner not in ("auto", "green", "libsmctrl", "mps", "none"):
             raise ConfigError("serve.partitioner must be auto, green, libsmctrl, mps or none, "
                               f"got {s.partitioner!r}")
+        if s.min_phase_sms < 0:
+            raise ConfigError(f"serve.min_phase_sms must be >= 0, got {s.min_phase_sms}")
         if s.chunk_size <= 0:
             raise ConfigError(f"serve.chunk_size must be > 0, got {s.chunk_size}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.multiprocessing as mp
 
-from bullet_trt.config import EngineConfig
+from bullet_trt.config import ConfigError, EngineConfig
 from bullet_trt.engine.core import EngineCore
 from bullet_trt.engine.kv_pool import blocks_for_tokens
 from bullet_trt.engine.sequence import Sequence, SeqStatus
@@ -84,7 +84,11 @@ class SpatialEngineCore(EngineCore):
         elif static:
             splits = self.partitioner.validate_splits([s.static_prefill_sms], "serve.static_prefill_sms")
         else:
-            splits = self.partitioner.splits()
+            low = s.min_phase_sms
+            splits = [x for x in self.partitioner.splits() if x >= low and self.total_sms - x >= low]
+            if not splits:
+                raise ConfigError(f"serve.min_phase_sms={low} leaves no split of the GPU's "
+                                  f"{self.total_sms} SMs; lower it")
         self.splits = splits
         total = self.total_sms
         self.slo = SloConfig(ttft_ms=s.ttft_slo_ms, tpot_ms=s.tpot_slo_ms)

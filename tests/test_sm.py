@@ -1,0 +1,692 @@
+"""SM partitioners, MPS control, native helpers and the doctor.
+
+CPU tests check the interface, every start-up error, the MPS scripts (against a fake
+nvidia-cuda-mps-control) and the native build. GPU tests (`-m gpu`, run by
+scripts/gpu_sm_check.sh) check green-split disjointness with the SM-id probe and MPS
+client detection.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from bullet_trt.sm import mps, native
+from bullet_trt.sm.doctor import compare, main as doctor_main, run_doctor, summarize
+from bullet_trt.sm.green import GreenPartitioner
+from bullet_trt.sm.libsmctrl import LibsmctrlPartitioner
+from bullet_trt.sm.none import NonePartitioner
+from bullet_trt.sm.partitioner import Partitioner, make_partitioner
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+gpu = pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+
+
+def _nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for d in sorted(Path("/usr/local").glob("cuda*")):
+        if (d / "bin" / "nvcc").exists():
+            return str(d / "bin" / "nvcc")
+    return None
+
+
+@pytest.fixture(scope="session")
+def native_build():
+    """Runs `make -C native` once; returns its CompletedProcess."""
+    if shutil.which("make") is None:
+        pytest.skip("make not installed")
+    return subprocess.run(["make", "-C", str(ROOT / "native")], capture_output=True, text=True, timeout=600)
+
+
+def _fake_green(total=132, granularity=8) -> GreenPartitioner:
+    """A GreenPartitioner whose device queries are skipped (validation runs before CUDA)."""
+    p = GreenPartitioner.__new__(GreenPartitioner)
+    Partitioner.__init__(p)
+    p.total_sms, p.granularity, p.index, p.require_mps = total, granularity, 0, False
+    p._splits, p._full, p.create_ms = {}, None, 0.0
+    return p
+
+
+# ----------------------------------------------------------------------------- interface
+def test_none_and_auto_on_cpu():
+    for kind in ("none", "auto"):
+        p = make_partitioner(kind, "cpu")
+        assert isinstance(p, NonePartitioner) and p.name == "none"
+        p.prepare("decode")
+        assert p.splits() == [] and p.stream(None) is None and p.stream(64) is None
+        assert p.describe()["name"] == "none"
+        assert p.worker_env("prefill", 64) == {}
+
+
+def test_unknown_kind_names_setting():
+    with pytest.raises(ValueError, match=r"serve\.partitioner must be one of auto, green, libsmctrl, mps, none"):
+        make_partitioner("mig", "cpu")
+
+
+def test_bad_role():
+    with pytest.raises(ValueError, match="prefill' or 'decode"):
+        make_partitioner("none", "cpu").prepare("encode")
+
+
+def test_green_splits_and_bad_splits():
+    p = _fake_green()
+    assert p.splits() == list(range(8, 121, 8))
+    with pytest.raises(ValueError, match=r"serve\.partitioner: prefill SM count 66 is not a multiple of 8"):
+        p.prepare("prefill", [64, 66])
+    with pytest.raises(ValueError, match=r"must be > 0 and < the GPU's 132 SMs"):
+        p.prepare("prefill", [136])
+    with pytest.raises(ValueError, match=r"must be > 0 and < the GPU's 132 SMs"):
+        p.prepare("decode", [132])
+    with pytest.raises(ValueError, match=r"must be > 0"):
+        p.validate_splits([0])
+    assert p.validate_splits([64, 8, 64]) == [8, 64]
+    with pytest.raises(RuntimeError, match="before prepare"):
+        p.stream(64)
+
+
+def test_green_on_cpu_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"serve\.partitioner=green needs a CUDA device"):
+        make_partitioner("green", "cpu")
+    if not _cuda():
+        with pytest.raises(RuntimeError, match=r"serve\.partitioner=green: green contexts are unavailable"):
+            make_partitioner("green", "cuda")
+
+
+def test_mps_on_cpu_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"serve\.partitioner=mps needs a CUDA"):
+        make_partitioner("mps", "cpu")
+
+
+class _FakeRes:
+    def __init__(self, n):
+        self.sm = SimpleNamespace(smCount=n, minSmPartitionSize=8, smCoscheduledAlignment=8)
+
+
+class _FakeDriver:
+    """Just enough of cuda.bindings.driver to run GreenPartitioner on CPU."""
+
+    CUdevResourceType = SimpleNamespace(CU_DEV_RESOURCE_TYPE_SM=1)
+    CUgreenCtxCreate_flags = SimpleNamespace(CU_GREEN_CTX_DEFAULT_STREAM=1)
+    CUstream_flags = SimpleNamespace(CU_STREAM_NON_BLOCKING=1)
+
+    def __init__(self, total=132):
+        self.total, self.splits, self.stream_sms, self.destroyed = total, [], {}, 0
+
+    def cuInit(self, flags):
+        return (0,)
+
+    def cuDriverGetVersion(self):
+        return (0, 13000)
+
+    def cuDeviceGet(self, index):
+        return (0, index)
+
+    def cuDeviceGetDevResource(self, dev, kind):
+        return (0, _FakeRes(self.total))
+
+    def cuDevSmResourceSplitByCount(self, nb, res, flags, min_count):
+        g = -(-min_count // 8) * 8  # asking 66 gives 72
+        self.splits.append(min_count)
+        return (0, [_FakeRes(g)], 1, _FakeRes(res.sm.smCount - g))
+
+    def cuDevResourceGenerateDesc(self, resources, n):
+        return (0, resources[0].sm.smCount)
+
+    def cuGreenCtxCreate(self, desc, dev, flags):
+        return (0, ("ctx", desc))
+
+    def cuGreenCtxStreamCreate(self, ctx, flags, priority):
+        handle = 1000 + len(self.stream_sms)
+        self.stream_sms[handle] = ctx[1]
+        return (0, handle)
+
+    def cuStreamDestroy(self, stream):
+        self.destroyed += 1
+        return (0,)
+
+    def cuGreenCtxDestroy(self, ctx):
+        return (0,)
+
+
+class _FakeStream(tuple):
+    def synchronize(self):
+        pass
+
+
+@pytest.fixture
+def fake_green(monkeypatch):
+    import torch
+
+    from bullet_trt.sm import green
+
+    drv = _FakeDriver()
+    monkeypatch.setattr(green, "_driver", lambda: drv)
+    monkeypatch.setattr(green, "_AVAILABLE", {})
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_stream_from_external", lambda ptr, device=None: _FakeStream(("green", ptr)))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: _FakeStream(("full", device)))
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+    return drv
+
+
+def test_green_one_split_call_per_count(fake_green):
+    pre, dec = GreenPartitioner("cuda"), GreenPartitioner("cuda")
+    fake_green.splits.clear()
+    pre.prepare("prefill", [64, 8, 120])
+    dec.prepare("decode", [64])
+    assert fake_green.splits == [8, 64, 120, 64]  # one split call per count and role
+    assert fake_green.stream_sms[pre.stream(64)[1]] == 64  # prefill: the group
+    assert fake_green.stream_sms[dec.stream(64)[1]] == 68  # decode: the remainder
+    assert fake_green.stream_sms[pre.stream(120)[1]] == 120 and pre.actual_sms(120) == (120, 12)
+    assert pre.stream(None)[0] == "full" and pre.stream(132)[0] == "full" and pre.stream(0)[0] == "full"
+    assert pre.stream(64) is pre.stream(64)  # created once, looked up afterwards
+    assert [s["requested"] for s in pre.describe()["splits"]] == [8, 64, 120]
+    with pytest.raises(ValueError, match="not prepared"):
+        dec.stream(8)
+    with pytest.raises(RuntimeError, match="already prepared for 'prefill'"):
+        pre.prepare("decode", [64])
+    pre.close()
+    assert fake_green.destroyed >= 3 and pre.prepared == []
+
+
+def test_green_refuses_mps_percentage(fake_green, monkeypatch):
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")
+    with pytest.raises(RuntimeError, match="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 is set"):
+        GreenPartitioner("cuda")
+
+
+@pytest.fixture
+def fake_mps_device(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(mps, "_device_sms", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: ("default", device))
+    for k in (mps.ENV_PCT, mps.ENV_TOTAL, mps.ENV_PREFILL):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_mps_partitioner_static_split(fake_mps_device, monkeypatch):
+    p = mps.MpsPartitioner(0, prefill_sms=64)
+    assert p.splits() == [64] and p.total_sms == 132
+    with pytest.raises(RuntimeError, match="worker_env"):
+        p.prepare("prefill", [64])  # the spawner did not set the percentage
+    for k, v in p.worker_env("prefill").items():
+        monkeypatch.setenv(k, v)
+    worker = mps.MpsPartitioner(0)  # in the worker: total and split come from the environment
+    assert worker.prefill_sms == 64 and worker.total_sms == 132
+    worker.prepare("prefill", [64])
+    assert worker.stream(64)[0] == "default" and worker.stream(None)[0] == "default"
+    with pytest.raises(ValueError, match="static split"):
+        worker.stream(32)
+    with pytest.raises(ValueError, match="static split"):
+        worker.prepare("prefill", [32])
+    assert worker.describe()["percentages"] == {"prefill": 49, "decode": 52}
+
+
+def test_mps_partitioner_bad_split(fake_mps_device):
+    with pytest.raises(ValueError, match=r"serve\.static_prefill_sms: prefill SM count 65 is not a multiple of 2"):
+        mps.MpsPartitioner(0, prefill_sms=65)
+    with pytest.raises(ValueError, match=r"serve\.static_prefill_sms: prefill SM count 140"):
+        mps.MpsPartitioner(0, prefill_sms=140)
+    assert mps.MpsPartitioner(0).prefill_sms == 64  # default: half, on the 8-SM grid
+
+
+# ----------------------------------------------------------------------------- libsmctrl
+def test_libsmctrl_needs_a_path(monkeypatch):
+    monkeypatch.delenv("LIBSMCTRL_PATH", raising=False)
+    with pytest.raises(ValueError, match=r"serve\.libsmctrl_path"):
+        make_partitioner("libsmctrl", "cuda")
+
+
+def test_libsmctrl_missing_path(monkeypatch, tmp_path):
+    missing = tmp_path / "libsmctrl.so"
+    with pytest.raises(ValueError, match=r"serve\.libsmctrl_path=.*no such file"):
+        make_partitioner("libsmctrl", "cuda", libsmctrl_path=str(missing))
+    monkeypatch.setenv("LIBSMCTRL_PATH", str(missing))  # the environment variable is used too
+    with pytest.raises(ValueError, match="no such file"):
+        make_partitioner("libsmctrl", "cuda")
+
+
+def test_libsmctrl_not_a_library(native_build, tmp_path):
+    if not (native.native_dir() / native.SMCTRL_LIB).exists():
+        pytest.skip("libbullet_smctrl.so not built (no C compiler)")
+    bogus = tmp_path / "libsmctrl.so"
+    bogus.write_bytes(b"not an ELF file")
+    with pytest.raises(RuntimeError, match=r"serve\.libsmctrl_path=.*does not load"):
+        make_partitioner("libsmctrl", "cuda", libsmctrl_path=str(bogus))
+
+
+def test_libsmctrl_refuses_unsupported_driver(native_build, tmp_path):
+    """A library exporting the setter loads; then the driver check refuses (no driver here,
+    or CUDA 13 on the GPU machines)."""
+    if not (native.native_dir() / native.SMCTRL_LIB).exists() or shutil.which("cc") is None:
+        pytest.skip("needs cc and libbullet_smctrl.so")
+    src = tmp_path / "fake.c"
+    src.write_text("#include <stdint.h>\nvoid libsmctrl_set_stream_mask(void* s, uint64_t m) { (void)s; (void)m; }\n")
+    lib = tmp_path / "libfakesmctrl.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    from bullet_trt.sm import native as n
+
+    version = n.smctrl_lib().bullet_smctrl_driver_version()
+    if 12000 <= version <= 12080:
+        pytest.skip(f"driver CUDA {version} is inside libsmctrl's range")
+    with pytest.raises(RuntimeError, match=r"serve\.partitioner=libsmctrl: .*(libcuda|outside)"):
+        make_partitioner("libsmctrl", "cuda", libsmctrl_path=str(lib))
+
+
+FAKE_LIBSMCTRL = r"""
+#include <stdint.h>
+static void* g_stream; static uint64_t g_lo, g_hi; static int g_calls_ext, g_calls_64;
+void libsmctrl_set_stream_mask(void* s, uint64_t m) { g_stream = s; g_lo = m; g_hi = ~0ull; g_calls_64++; }
+void libsmctrl_set_stream_mask_ext(void* s, __uint128_t m) {
+    g_stream = s; g_lo = (uint64_t)m; g_hi = (uint64_t)(m >> 64); g_calls_ext++; }
+void* fake_stream(void) { return g_stream; }
+uint64_t fake_lo(void) { return g_lo; }
+uint64_t fake_hi(void) { return g_hi; }
+int fake_calls_ext(void) { return g_calls_ext; }
+"""
+FAKE_LIBCUDA = "int cuDriverGetVersion(int* v) { *v = VERSION; return 0; }\n"
+SHIM_CHILD = r"""
+import ctypes, sys
+from bullet_trt.sm import native
+shim = native.smctrl_lib()
+err = ctypes.create_string_buffer(256)
+rc = shim.bullet_smctrl_open(sys.argv[1].encode(), err, 256)
+print("open", rc, err.value.decode())
+if rc == 0:
+    fake = ctypes.CDLL(sys.argv[1])
+    for f in ("fake_lo", "fake_hi"):
+        getattr(fake, f).restype = ctypes.c_uint64
+    fake.fake_stream.restype = ctypes.c_void_p
+    print("set", shim.bullet_smctrl_set_tpc_range(ctypes.c_void_p(0x1234), 32, 34, 66))
+    print("null", shim.bullet_smctrl_set_tpc_range(None, 0, 32, 66))
+    print("mask", fake.fake_stream(), fake.fake_lo(), fake.fake_hi(), fake.fake_calls_ext())
+"""
+
+
+def test_smctrl_shim_end_to_end(native_build, tmp_path):
+    """Shim + a fake libsmctrl + a fake libcuda.so.1: driver check, 128-bit mask ABI, error codes."""
+    if not (native.native_dir() / native.SMCTRL_LIB).exists() or shutil.which("cc") is None:
+        pytest.skip("needs cc and libbullet_smctrl.so")
+    (tmp_path / "s.c").write_text(FAKE_LIBSMCTRL)
+    lib = tmp_path / "libsmctrl.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "s.c")], check=True)
+    for version in (12040, 13000):
+        d = tmp_path / str(version)
+        d.mkdir()
+        (d / "c.c").write_text(FAKE_LIBCUDA.replace("VERSION", str(version)))
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(d / "libcuda.so.1"), str(d / "c.c")], check=True)
+        env = dict(os.environ, LD_LIBRARY_PATH=str(d), PYTHONPATH=str(ROOT))
+        r = subprocess.run([sys.executable, "-c", SHIM_CHILD, str(lib)], capture_output=True, text=True,
+                           env=env, cwd=ROOT, timeout=60)
+        assert r.returncode == 0, r.stderr
+        lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
+        if version == 13000:
+            assert lines["open"].startswith("-3 driver CUDA version 13.0 is outside")
+            continue
+        assert lines["open"].strip() == "0"
+        assert lines["set"] == "0" and lines["null"] == "-6"
+        stream, lo, hi, ext_calls = (int(x) for x in lines["mask"].split())
+        mask = native.tpc_disable_mask(32, 34, 66)
+        assert stream == 0x1234 and ext_calls == 1
+        assert (hi << 64) | lo == mask
+
+
+def test_libsmctrl_tpc_ranges():
+    p = LibsmctrlPartitioner.__new__(LibsmctrlPartitioner)
+    p.total_sms, p.total_tpcs = 132, 66
+    assert p.tpc_range("prefill", 64) == (0, 32)
+    assert p.tpc_range("decode", 64) == (32, 34)
+
+
+def test_tpc_masks(native_build):
+    assert native.tpc_disable_mask(0, 32, 66) == ((1 << 128) - 1) ^ ((1 << 32) - 1)
+    assert native.tpc_disable_mask(32, 34, 66) == ((1 << 128) - 1) ^ (((1 << 34) - 1) << 32)
+    with pytest.raises(ValueError):
+        native.tpc_disable_mask(60, 10, 66)
+    if not (native.native_dir() / native.SMCTRL_LIB).exists():
+        pytest.skip("libbullet_smctrl.so not built")
+    for first, num, total in [(0, 32, 66), (32, 34, 66), (0, 1, 1), (10, 100, 128), (64, 64, 128), (0, 64, 64)]:
+        assert native.smctrl_compute_mask(first, num, total) == native.tpc_disable_mask(first, num, total)
+    for bad in [(0, 0, 66), (60, 10, 66), (0, 1, 129), (-1, 2, 66)]:
+        with pytest.raises(ValueError):
+            native.smctrl_compute_mask(*bad)
+
+
+# ----------------------------------------------------------------------------- native
+def test_make_native_exits_zero(native_build):
+    assert native_build.returncode == 0, native_build.stdout + native_build.stderr
+    if _nvcc():
+        assert (ROOT / "native" / native.SMID_LIB).exists()
+    else:
+        assert "skipping libbullet_smid.so" in native_build.stdout
+    if shutil.which("cc"):
+        assert (ROOT / "native" / native.SMCTRL_LIB).exists()
+
+
+def test_make_native_skips_without_nvcc(native_build):
+    r = subprocess.run(["make", "-C", str(ROOT / "native"), "NVCC="], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "nvcc not found" in r.stdout and "skipping libbullet_smid.so" in r.stdout
+
+
+def test_native_missing_names_make(monkeypatch, tmp_path):
+    monkeypatch.setenv("BULLET_NATIVE_DIR", str(tmp_path))
+    native.smid_lib.cache_clear()
+    native.smctrl_lib.cache_clear()
+    try:
+        with pytest.raises(native.NativeLibraryMissing, match=r"make -C native"):
+            native.smid_lib()
+        with pytest.raises(native.NativeLibraryMissing, match=r"make -C native"):
+            native.smctrl_lib()
+    finally:
+        native.smid_lib.cache_clear()
+        native.smctrl_lib.cache_clear()
+
+
+# ----------------------------------------------------------------------------- MPS
+def test_mps_scripts_parse():
+    for name in ("start_mps.sh", "kill_mps.sh", "gpu_sm_check.sh"):
+        r = subprocess.run(["bash", "-n", str(SCRIPTS / name)], capture_output=True, text=True)
+        assert r.returncode == 0, f"{name}: {r.stderr}"
+
+
+def test_mps_worker_env():
+    assert mps.mps_percentages(64, 132) == (49, 52)
+    env = mps.worker_env("prefill", 64, 132)
+    assert env[mps.ENV_PCT] == "49" and env[mps.ENV_TOTAL] == "132" and env[mps.ENV_PREFILL] == "64"
+    assert mps.worker_env("decode", 64, 132)[mps.ENV_PCT] == "52"
+    assert mps.worker_env("decode", None, 132)[mps.ENV_PCT] == "100"
+    with pytest.raises(ValueError):
+        mps.worker_env("both", 64, 132)
+
+
+FAKE_MPS = textwrap.dedent("""\
+    #!/usr/bin/env bash
+    # fake nvidia-cuda-mps-control: a state file stands for the daemon
+    state="$CUDA_MPS_PIPE_DIRECTORY/.fake_daemon"
+    if [ "${1:-}" = "-d" ]; then
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY"
+      [ -p "$CUDA_MPS_PIPE_DIRECTORY/control" ] || mkfifo "$CUDA_MPS_PIPE_DIRECTORY/control"
+      touch "$state"; echo started >> "$CUDA_MPS_PIPE_DIRECTORY/.starts"; exit 0
+    fi
+    read -r cmd
+    [ -f "$state" ] || { echo "Cannot find MPS control daemon process" >&2; exit 1; }
+    case "$cmd" in
+      get_server_list) echo 4242 ;;
+      get_client_list*) echo 111; echo 222 ;;
+      quit) rm -f "$state" ;;
+    esac
+    """)
+
+
+@pytest.fixture
+def fake_mps(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "nvidia-cuda-mps-control"
+    exe.write_text(FAKE_MPS)
+    exe.chmod(0o755)
+    pipe, log = tmp_path / "pipe", tmp_path / "log"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipe))
+    monkeypatch.setenv("CUDA_MPS_LOG_DIRECTORY", str(log))
+    return pipe
+
+
+def _script(name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPTS / name)], capture_output=True, text=True, timeout=60)
+
+
+def test_mps_scripts_idempotent(fake_mps):
+    assert not mps.mps_daemon_running(str(fake_mps))
+    r = _script("start_mps.sh")
+    assert r.returncode == 0, r.stderr
+    assert "MPS daemon started" in r.stderr
+    assert f"export CUDA_MPS_PIPE_DIRECTORY={fake_mps}" in r.stdout
+    r = _script("start_mps.sh")
+    assert r.returncode == 0 and "already running" in r.stderr
+    assert (fake_mps / ".starts").read_text().count("started") == 1
+    assert mps.mps_daemon_running() and mps.mps_daemon_running(str(fake_mps))
+    assert mps.mps_server_pids() == [4242] and mps.mps_client_pids() == [111, 222]
+    r = _script("kill_mps.sh")
+    assert r.returncode == 0 and "stopped" in r.stderr, r.stderr
+    r = _script("kill_mps.sh")
+    assert r.returncode == 0 and "no MPS daemon running" in r.stderr
+    assert not mps.mps_daemon_running()
+
+
+def test_mps_python_wrappers(fake_mps):
+    env = mps.start_mps_daemon(str(fake_mps), str(fake_mps.parent / "log"))
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(fake_mps)
+    assert mps.mps_daemon_running(str(fake_mps))
+    mps.stop_mps_daemon(str(fake_mps))
+    assert not mps.mps_daemon_running(str(fake_mps))
+
+
+def test_mps_scripts_without_binary(tmp_path):
+    env = {"PATH": str(tmp_path), "USER": "t", "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "p")}
+    for name in ("start_mps.sh", "kill_mps.sh"):
+        r = subprocess.run([shutil.which("bash") or "/bin/bash", str(SCRIPTS / name)], capture_output=True,
+                           text=True, env=env, timeout=30)
+        assert r.returncode == 2 and "nvidia-cuda-mps-control not found" in r.stderr
+
+
+def test_mps_daemon_running_without_pipe(tmp_path):
+    assert not mps.mps_daemon_running(str(tmp_path))
+
+
+def test_require_mps_client_message(monkeypatch, tmp_path):
+    monkeypatch.setattr(mps, "is_mps_client", lambda device=0: False)
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"serve\.partitioner=green needs the MPS daemon: start it with "
+                                           r"scripts/start_mps.sh or `bullet-trt serve --start-mps`; without "
+                                           r"MPS two processes only time-slice"):
+        mps.require_mps_client("decode")
+
+
+# ----------------------------------------------------------------------------- doctor
+def _records(smids, start, end, iters, gap=0, max_gap=100):
+    return [[s, start, end, iters, max_gap, gap, s] for s in smids]
+
+
+def test_doctor_verdicts():
+    ms = 1_000_000
+    alone_a = summarize(_records(range(0, 64), 0, 100 * ms, 1000))
+    alone_b = summarize(_records(range(64, 132), 0, 100 * ms, 1000))
+    a = summarize(_records(range(0, 64), 5 * ms, 105 * ms, 990))
+    b = summarize(_records(range(64, 132), 6 * ms, 106 * ms, 995))
+    v = compare(a, b, alone_a, alone_b, 64, 68)
+    assert v["disjoint"] and v["concurrent"] and v["prefill_within_partition"]
+    # time slicing: same windows, but each side descheduled half the time and half the work
+    a = summarize(_records(range(0, 64), 5 * ms, 105 * ms, 500, gap=50 * ms, max_gap=2 * ms))
+    b = summarize(_records(range(64, 132), 5 * ms, 105 * ms, 500, gap=50 * ms, max_gap=2 * ms))
+    v = compare(a, b, alone_a, alone_b, 64, 68)
+    assert v["disjoint"] and not v["concurrent"]
+    # group + group: shared SMs
+    b = summarize(_records(range(0, 64), 5 * ms, 105 * ms, 1000))
+    v = compare(summarize(_records(range(0, 64), 5 * ms, 105 * ms, 1000)), b, alone_a, alone_b, 64, 68)
+    assert not v["disjoint"] and v["shared_sm_ids"] == list(range(64))
+
+
+def test_doctor_on_cpu(tmp_path, capsys):
+    r = run_doctor("cpu")
+    assert r["ok"] and r["gpu"] is None and r["partitioner_selected"] == "none"
+    assert r["partitioners"]["none"]["available"] and not r["partitioners"]["green"]["available"]
+    out = tmp_path / "doctor.json"
+    assert doctor_main(["--device", "cpu", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["partitioner_selected"] == "none"
+    assert "doctor: OK" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- GPU
+@pytest.fixture
+def green_parts():
+    """green_parts() -> a GreenPartitioner closed after the test (MPS limits contexts)."""
+    made = []
+
+    def make():
+        made.append(GreenPartitioner("cuda"))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def _probe():
+    from bullet_trt.sm.doctor import Probe
+
+    try:
+        return Probe("auto")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.gpu
+@gpu
+def test_green_split_counts(green_parts):
+    pre, dec = green_parts(), green_parts()
+    pre.prepare("prefill")
+    dec.prepare("decode", [64])
+    d = pre.describe()
+    print(json.dumps(d))
+    for s in d["splits"]:
+        assert s["prefill_sms"] >= s["requested"] and s["prefill_sms"] + s["decode_sms"] == pre.total_sms
+    assert dec.actual_sms(64) == pre.actual_sms(64)
+    assert pre.stream(None) is not None and pre.stream(64) is not pre.stream(None)
+    with pytest.raises(ValueError, match="not prepared"):
+        dec.stream(32)
+
+
+@pytest.mark.gpu
+@gpu
+def test_green_split_disjoint_in_one_process(green_parts):
+    from bullet_trt.sm.doctor import measure_in_process
+
+    pre, dec = green_parts(), green_parts()
+    pre.prepare("prefill", [64])
+    dec.prepare("decode", [64])
+    m = measure_in_process(_probe(), pre, dec, 64, 50_000)
+    print(json.dumps({k: v for k, v in m.items() if k not in ("prefill", "decode")}, default=str))
+    v = m["verdict"]
+    assert m["full_device_sms_seen"] > 0.9 * pre.total_sms
+    assert v["disjoint"], v
+    assert v["prefill_within_partition"] and v["decode_within_partition"], v
+    assert m["prefill"]["n_sms"] > 0.5 * m["split"]["prefill_sms"]
+    assert m["decode"]["n_sms"] > 0.5 * m["split"]["decode_sms"]
+    assert v["concurrent"], v  # from the probe's own records (gaps, work), not wall time
+
+
+@pytest.mark.gpu
+@gpu
+def test_native_smid_plain_api(green_parts):
+    if not (native.native_dir() / native.SMID_LIB).exists():
+        pytest.skip("libbullet_smid.so not built")
+    import torch
+
+    pre = green_parts()
+    pre.prepare("prefill", [32])
+    ids = native.smid_ids(pre.stream(32), 64, 1000)
+    assert len(ids) == 64 and len(set(ids)) <= pre.actual_sms(32)[0]
+    full = native.smid_ids(torch.cuda.current_stream(), 2 * pre.total_sms, 1000)
+    assert max(full) < pre.total_sms * 2  # SM ids are small integers
+
+
+@pytest.mark.gpu
+@gpu
+def test_triton_kernel_on_green_stream(green_parts):
+    """Project kernels are Triton: they must run on a green-context stream."""
+    triton = pytest.importorskip("triton")
+    import torch
+    import triton.language as tl
+
+    @triton.jit
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+    pre = green_parts()
+    pre.prepare("prefill", [32])
+    x = torch.zeros(10_000, device="cuda")
+    torch.cuda.synchronize()
+    s = pre.stream(32)
+    with torch.cuda.stream(s):
+        add_one[(triton.cdiv(x.numel(), 1024),)](x, x.numel(), BLOCK=1024)
+    s.synchronize()
+    assert float(x.sum()) == 10_000.0
+
+
+def _mps_child(env_extra: dict) -> dict:
+    code = ("import json, torch; torch.zeros(1, device='cuda'); from bullet_trt.sm import mps; "
+            "print(json.dumps(dict(mps.mps_client_evidence(0), is_client=mps.is_mps_client(0))))")
+    env = {k: v for k, v in os.environ.items() if k != mps.ENV_PCT}
+    env.update(env_extra)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.gpu
+@gpu
+def test_mps_client_detection(tmp_path):
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        pytest.skip("nvidia-cuda-mps-control not on PATH")
+    pipe, log = mps.private_dirs()
+    started = False
+    if not mps.mps_daemon_running(pipe):
+        mps.start_mps_daemon(pipe, log)
+        started = True
+    try:
+        inside = _mps_child({"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": log})
+        outside = _mps_child({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)})  # no daemon there
+        print(json.dumps({"inside": inside, "outside": outside}))
+        assert inside["is_client"] is True and inside["device_attribute_mps_enabled"] is True
+        assert outside["is_client"] is False
+        code = ("import torch; torch.zeros(1, device='cuda'); from bullet_trt.sm import mps; "
+                "mps.require_mps_client('decode')")
+        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(tmp_path))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                           timeout=120)
+        assert r.returncode != 0 and "needs the MPS daemon" in r.stderr, r.stderr
+    finally:
+        if started:
+            mps.stop_mps_daemon(pipe)
+
+
+@pytest.mark.gpu
+@gpu
+def test_green_split_disjoint_across_mps_clients():
+    if not mps.mps_daemon_running():
+        pytest.skip("no MPS daemon at CUDA_MPS_PIPE_DIRECTORY (scripts/gpu_sm_check.sh starts one)")
+    from bullet_trt.sm.doctor import measure_cross_process
+
+    m = measure_cross_process(0, 64, 50_000, _probe().kind, True)
+    print(json.dumps(m, default=str)[:4000])
+    assert "verdict" in m, m
+    assert all(m["mps_clients"].values()), m["mps_clients"]
+    assert m["verdict"]["disjoint"], m["verdict"]
+    assert m["verdict"]["concurrent"], m["verdict"]
