@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# SM-partitioning evidence on a GPU machine (about 1-2 minutes; every step has a timeout,
-# 45+15+75+90+15 s < 4 minutes):
+# SM-partitioning evidence on a GPU machine (about 2 minutes; every step has a timeout,
+# 45+15+75+120+15 s < 5 minutes):
 #   1. build native/ (make -C native; skips the probe without nvcc, the doctor then uses Triton)
 #   2. start the private MPS daemon (scripts/start_mps.sh)
-#   3. python -m bullet_trt.sm.doctor: GPU, MPS, partitioners, green splits, and the
-#      SM-id measurement in one process and across two MPS clients  -> $OUT/sm_doctor.json
+#   3. python -m bullet_trt.sm.doctor: GPU, MPS, partitioners, green splits, the SM-id
+#      measurement in one process, and across two MPS clients the SM ids (reported only:
+#      MPS renumbers %smid per client) and the GEMM throughput test that decides
+#      disjointness (group+remainder vs group+group, 4 phases of 2 s) -> $OUT/sm_doctor.json
 #   4. pytest -m gpu tests/test_sm.py                                -> $OUT/sm_tests.log
 #   5. stop the daemon (also on failure)
 # Usage: bash scripts/gpu_sm_check.sh   (OUT=<dir> keeps the JSON and logs; default /tmp)
@@ -37,7 +39,7 @@ timeout 75 "$PY" -m bullet_trt.sm.doctor --strict --json "$out/sm_doctor.json" 2
 doctor_rc=$?
 
 echo "== pytest -m gpu tests/test_sm.py"
-timeout 90 "$PY" -m pytest -p no:cacheprovider -q -rA -m gpu tests/test_sm.py 2>&1 | tee "$out/sm_tests.log"
+timeout 120 "$PY" -m pytest -p no:cacheprovider -q -rA -m gpu tests/test_sm.py 2>&1 | tee "$out/sm_tests.log"
 tests_rc=$?
 
 echo "doctor rc=$doctor_rc tests rc=$tests_rc (JSON: $out/sm_doctor.json)"

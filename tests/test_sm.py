@@ -1,9 +1,10 @@
 """SM partitioners, MPS control, native helpers and the doctor.
 
 CPU tests check the interface, every start-up error, the MPS scripts (against a fake
-nvidia-cuda-mps-control) and the native build. GPU tests (`-m gpu`, run by
-scripts/gpu_sm_check.sh) check green-split disjointness with the SM-id probe and MPS
-client detection.
+nvidia-cuda-mps-control), the native build and the doctor's verdicts. GPU tests (`-m gpu`,
+run by scripts/gpu_sm_check.sh) check green-split disjointness: in one process with the
+SM-id probe, across two MPS clients with GEMM throughput (%smid is renumbered per MPS
+client, so SM ids prove nothing there), and MPS client detection.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from types import SimpleNamespace
 import pytest
 
 from bullet_trt.sm import mps, native
-from bullet_trt.sm.doctor import compare, main as doctor_main, run_doctor, summarize
+from bullet_trt.sm import doctor
+from bullet_trt.sm.doctor import compare, main as doctor_main, run_doctor, summarize, throughput_verdict
 from bullet_trt.sm.green import GreenPartitioner
 from bullet_trt.sm.libsmctrl import LibsmctrlPartitioner
 from bullet_trt.sm.none import NonePartitioner
@@ -531,6 +533,85 @@ def test_doctor_verdicts():
     assert not v["disjoint"] and v["shared_sm_ids"] == list(range(64))
 
 
+def test_throughput_verdict():
+    # H200 2026-11-21, 8192^3 bf16 GEMM loops in two MPS clients (docs/partitioning.md)
+    v = throughput_verdict(384.5, 402.7, 276.9, 300.4, 197.4, 196.6)
+    assert v["disjoint"] and v["concurrent"], v
+    assert v["together_it_s"] == 577.3 and v["control_it_s"] == 394.0
+    assert v["together_vs_control"] == pytest.approx(1.465, abs=1e-3)
+    # shared SMs: together no better than the control
+    v = throughput_verdict(384.5, 402.7, 200.0, 198.0, 197.4, 196.6)
+    assert not v["disjoint"] and not v["concurrent"]
+    # time slicing (no MPS): each side half of alone, sum = one side alone
+    v = throughput_verdict(384.5, 402.7, 190.0, 200.0, 190.0, 195.0)
+    assert not v["disjoint"] and not v["concurrent"]
+    # one side starved although the sum is high
+    v = throughput_verdict(384.5, 402.7, 150.0, 400.0, 197.4, 196.6)
+    assert not v["disjoint"] and v["concurrent"]
+    # the timed windows did not overlap: numbers are not "together"
+    v = throughput_verdict(384.5, 402.7, 380.0, 400.0, 197.4, 196.6, window_overlap=0.1)
+    assert not v["disjoint"] and not v["concurrent"]
+    assert not throughput_verdict(0, 0, 0, 0, 0, 0)["disjoint"]
+
+
+def _gemm_rec(rate, start=100.0, seconds=2.0):
+    return {"iters": int(rate * seconds), "seconds": seconds, "it_per_s": rate, "tflops": round(rate * 0.137, 1),
+            "start": start, "end": start + seconds}
+
+
+def test_cross_process_report_format():
+    """A cross-process result shaped like measure_cross_process's: verdict from throughput,
+    overlapping SM ids only noted."""
+    ms = 1_000_000
+    pf = {"role": "prefill", "partition_sms": 64, "mps_client": True,
+          "alone": summarize(_records(range(0, 64), 0, 100 * ms, 1000)),
+          "both": summarize(_records(range(0, 64), 5 * ms, 105 * ms, 990)),
+          "gemm": {"group_alone": _gemm_rec(2600.0, 10.0), "split": _gemm_rec(1900.0, 20.0),
+                   "control": _gemm_rec(1330.0, 30.0)}}
+    dc = {"role": "decode", "partition_sms": 68, "mps_client": True,
+          "alone": summarize(_records(range(0, 68), 0, 100 * ms, 1000)),
+          "both": summarize(_records(range(0, 68), 5 * ms, 105 * ms, 995)),
+          "gemm": {"remainder_alone": _gemm_rec(2750.0, 15.0), "split": _gemm_rec(2000.0, 20.01),
+                   "control": _gemm_rec(1320.0, 30.02)}}
+    t = doctor.cross_throughput(pf, dc, 4096, 2.0)
+    v = t["verdict"]
+    assert v["disjoint"] and v["concurrent"] and v["window_overlap_fraction"] > 0.98, v
+    assert t["it_per_s"]["split"] == {"prefill_group": 1900.0, "decode_remainder": 2000.0}
+    sv = compare(pf["both"], dc["both"], pf["alone"], dc["alone"], 64, 68)
+    assert not sv["disjoint"]  # what MPS's renumbered %smid shows
+    m = {"mode": "two processes (MPS clients)", "split": {"prefill_sms": 64, "decode_sms": 68},
+         "children": {"prefill": pf, "decode": dc}, "mps_clients": {"prefill": True, "decode": True},
+         "smid_verdict": dict(sv, note=doctor.SMID_XP_NOTE), "throughput": t,
+         "verdict": dict(v, probe_concurrent=sv["concurrent"])}
+    text = "\n".join(doctor._measurement_lines(m))
+    print(text)
+    assert "1900.0 + 2000.0 = 3900.0" in text and "1330.0 + 1320.0 = 2650.0" in text
+    assert "verdict (throughput): disjoint=True  concurrent=True" in text
+    assert "renumbers" in text and "shared [0-63]" in text
+
+
+def test_gemm_loop_on_cpu(monkeypatch):
+    """The GEMM loop's counting and timing, with CPU tensors and fake CUDA events."""
+    import contextlib
+
+    import torch
+
+    class Ev:
+        def record(self, stream=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Event", Ev)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    ops = tuple(torch.ones((32, 32), dtype=torch.bfloat16) for _ in range(3))
+    r = doctor.gemm_loop(None, ops, 0.05, start_at=doctor.time.time() + 0.02, batch=4)
+    assert r["iters"] > 0 and r["iters"] % 4 == 0 and r["seconds"] >= 0.05
+    assert r["it_per_s"] == pytest.approx(r["iters"] / r["seconds"], rel=1e-2)
+    assert r["end"] > r["start"] and float(ops[2][0, 0]) == 32.0
+
+
 def test_doctor_on_cpu(tmp_path, capsys):
     r = run_doctor("cpu")
     assert r["ok"] and r["gpu"] is None and r["partitioner_selected"] == "none"
@@ -680,13 +761,22 @@ def test_mps_client_detection(tmp_path):
 @pytest.mark.gpu
 @gpu
 def test_green_split_disjoint_across_mps_clients():
+    """Prefill on the group, decode on the remainder of one split, in two MPS clients.
+
+    %smid is renumbered per MPS client (H200: [0-63] and [0-67] for disjoint partitions), so
+    disjointness is judged by GEMM throughput against the control (both on the group)."""
     if not mps.mps_daemon_running():
         pytest.skip("no MPS daemon at CUDA_MPS_PIPE_DIRECTORY (scripts/gpu_sm_check.sh starts one)")
-    from bullet_trt.sm.doctor import measure_cross_process
+    from bullet_trt.sm.doctor import _throughput_lines, measure_cross_process
 
-    m = measure_cross_process(0, 64, 50_000, _probe().kind, True)
-    print(json.dumps(m, default=str)[:4000])
-    assert "verdict" in m, m
+    m = measure_cross_process(0, 64, 50_000, _probe().kind, True, gemm_n=4096, gemm_seconds=1.5)
+    assert "verdict" in m, json.dumps(m, default=str)[:4000]
+    print("\n".join(_throughput_lines(m["throughput"])))
+    print(json.dumps({"smid": m["smid_verdict"], "verdict": m["verdict"]}, default=str))
     assert all(m["mps_clients"].values()), m["mps_clients"]
-    assert m["verdict"]["disjoint"], m["verdict"]
-    assert m["verdict"]["concurrent"], m["verdict"]
+    v = m["verdict"]
+    assert v["window_overlap_fraction"] >= 0.8, v
+    assert v["together_vs_control"] >= 1.3, v
+    assert v["group_keeps_vs_alone"] >= 0.6 and v["remainder_keeps_vs_alone"] >= 0.6, v
+    assert v["disjoint"], v
+    assert v["concurrent"], v

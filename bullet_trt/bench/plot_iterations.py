@@ -55,3 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     print(plot(load(args.log), args.out, args.title))
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

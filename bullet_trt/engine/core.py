@@ -7,6 +7,7 @@ every executor and every mode ends requests the same way.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from bullet_trt.config import EngineConfig
@@ -39,8 +40,10 @@ class EngineCore:
         max_seqs = cfg.decode.max_num_seqs
         self.scheduler = BatchScheduler(self.allocator, self.state.block_size, max_seqs, token_budget)
         if executor == "local":
+            # One session runs both phases: decode-only steps replay the decode profile's graphs.
+            profile = dataclasses.replace(cfg.prefill, cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes)
             self.executor: Executor = LocalExecutor(
-                TorchSession(model, self.state.kv_pool, self.state.block_size, cfg.prefill))
+                TorchSession(model, self.state.kv_pool, self.state.block_size, profile))
         elif executor == "none":  # a subclass drives its own workers
             del model
         elif executor == "workers":

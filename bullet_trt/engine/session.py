@@ -53,17 +53,37 @@ class EngineSession(ABC):
 class TorchSession(EngineSession):
     """Runs the PyTorch model of bullet_trt.model over the paged pool."""
 
-    def __init__(self, model, kv_pool: torch.Tensor, block_size: int, profile: ProfileConfig):
+    def __init__(self, model, kv_pool: torch.Tensor, block_size: int, profile: ProfileConfig,
+                 use_cuda_graphs: bool = True):
         self.model = model
         self.kv_pool = kv_pool
         self.block_size = block_size
         self.profile = profile
         self.device = kv_pool.device
+        self.graphs = None
+        from bullet_trt.kernels import reference
+        # Graphs need kernels that never sync with the host; the torch reference does.
+        if (use_cuda_graphs and self.device.type == "cuda" and profile.cuda_graph_batch_sizes
+                and model.ops is not reference):
+            from bullet_trt.engine.cuda_graphs import DecodeGraphs
+            self.graphs = DecodeGraphs(model, kv_pool, block_size, profile.cuda_graph_batch_sizes,
+                                       profile.max_model_len)
+
+    def _graph_logits(self, items: list[BatchItem]) -> torch.Tensor | None:
+        if self.graphs is None or not all(len(it.input_token_ids) == 1 and it.sample for it in items):
+            return None
+        if self.graphs.bucket(len(items)) is None:
+            return None
+        return self.graphs.run([it.input_token_ids[0] for it in items], [it.start_pos for it in items],
+                               [it.block_table for it in items])
 
     @torch.inference_mode()
     def run(self, items: list[BatchItem]) -> list[SampleResult | None]:
         if not items:
             return []
+        logits = self._graph_logits(items)
+        if logits is not None:
+            return self._sample(items, list(range(len(items))), logits)
         q_lens = [len(it.input_token_ids) for it in items]
         seq_lens = [it.start_pos + n for it, n in zip(items, q_lens)]
         meta = AttentionMetadata.build(q_lens, seq_lens, [it.block_table for it in items],
@@ -79,6 +99,10 @@ class TorchSession(EngineSession):
             return results
         last = meta.cu_seqlens_q[1:].long() - 1
         logits = self.model.compute_logits(hidden[last[rows]])
+        return self._sample(items, rows, logits)
+
+    def _sample(self, items: list[BatchItem], rows: list[int], logits: torch.Tensor) -> list[SampleResult | None]:
+        results: list[SampleResult | None] = [None] * len(items)
         picked = [items[i] for i in rows]
         batch = SamplingBatch.build([it.params for it in picked], [it.output_index for it in picked],
                                     [it.banned_token_ids for it in picked], self.device)

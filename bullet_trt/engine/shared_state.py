@@ -41,6 +41,10 @@ def build_shared_state(cfg: EngineConfig, share: bool = True) -> tuple[SharedEng
                          f"max_position_embeddings {arch.max_position_embeddings} "
                          f"({cfg.checkpoint_path / 'config.json'})")
     arch.check_max_model_len(cfg.max_model_len)
+    bs = cfg.kv.block_size
+    if device.type == "cuda" and bs & (bs - 1):
+        raise ValueError(f"kv.block_size must be a power of two on GPU (the Triton attention "
+                         f"kernels tile blocks by powers of two), got {bs}")
     dtype = resolve_dtype(arch, cfg.dtype, device)
     model = CausalLM(arch, dtype, device, max_positions=cfg.max_model_len)
     if cfg.dummy_weights:

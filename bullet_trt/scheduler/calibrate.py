@@ -7,6 +7,7 @@ points and reports the median absolute error on the held-out 30%. Writes perf_mo
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import statistics
@@ -22,7 +23,7 @@ from bullet_trt.scheduler.perf_model import (PERF_MODEL_FILE, ModelCost, Prefill
                                              fit, median_abs_pct_error)
 
 PREFILL_TOKENS = (128, 512, 1024, 2048, 4096)
-DECODE_SHAPES = ((1, 512), (8, 1024), (32, 512), (32, 2048), (64, 1024), (128, 1024))
+DECODE_SHAPES = ((1, 512), (8, 1024), (16, 4096), (32, 512), (32, 2048), (48, 1024), (64, 1024), (64, 3072))
 
 
 def _time_ms(fn, stream, repeats: int = 3) -> float:
@@ -83,7 +84,9 @@ def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (3
         raise RuntimeError("--profile needs a CUDA GPU: it measures the target GPU")
     state, model = build_shared_state(cfg, share=False)
     state.kv_pool.normal_()  # time on data, not zeros
-    session = TorchSession(model, state.kv_pool, state.block_size, cfg.prefill)
+    # Prefill as the prefill worker runs it, decode steps from the decode profile's graphs.
+    profile = dataclasses.replace(cfg.prefill, cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes)
+    session = TorchSession(model, state.kv_pool, state.block_size, profile)
     part = make_partitioner("green", state.kv_pool.device)
     total = part.total_sms
     counts = [c for c in sm_counts if c < total]

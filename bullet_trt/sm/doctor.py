@@ -1,25 +1,31 @@
 """bullet-trt doctor: what this GPU offers for SM partitioning, and a measurement.
 
     python -m bullet_trt.sm.doctor [--json out.json] [--prefill-sms 64] [--cross-process auto]
+                                   [--gemm-n 4096] [--gemm-seconds 2]
 
 Reports the GPU (name, driver/CUDA versions, SMs, memory and utilization from NVML),
 the MPS daemon and whether this process is an MPS client, which partitioners work,
 the green-context splits with the SM counts each really got, and a MEASUREMENT of one
-split: the SM-id probe (native/libbullet_smid.so, or a Triton kernel without it) runs on
-the prefill partition and on the decode partition, first alone and then at the same
-time, and the report says which SM ids each side ran on, whether the sets are disjoint,
-and whether the two really ran concurrently:
+split (prefill = the group, decode = the remainder of one split call):
 
-- in one process on two green streams (always), and
+- in one process on two green streams (always): the SM-id probe (native/libbullet_smid.so,
+  or a Triton kernel without it) runs on each partition alone and on both at once; the
+  report gives the SM ids each side ran on (disjoint?) and whether they ran concurrently;
 - in two spawned processes, one per role, when an MPS daemon answers (the production
-  layout: prefill and decode workers as MPS clients); `--cross-process always` runs it
-  without MPS too, which shows time slicing.
+  layout: prefill and decode workers as MPS clients; `--cross-process always` runs it
+  without MPS too, which shows time slicing). %smid is NOT a physical SM id across MPS
+  clients (measured on an H200: group and remainder reported [0-63] and [0-67] while a
+  throughput test showed them disjoint), so the SM-id sets are only reported there, and
+  disjointness is judged by THROUGHPUT: each process runs a bf16 GEMM loop on its
+  partition alone, then both at once on group + remainder, then both on the group (the
+  control: the same SMs). Disjoint = together >= 1.3 x control and each side keeps
+  >= 60 % of its alone rate; concurrent = together > 1.2 x the faster side alone.
 
-Concurrency is judged from the probe's own records, not from wall time: each block spins
-on %globaltimer for the same time whether or not it is descheduled, so it also records
-the iterations it managed (work) and the gaps in its timer reads (time it was not
-running). Concurrent = the two windows overlap, each side did about the work it did
-alone, and neither side was descheduled.
+In one process concurrency is judged from the probe's own records, not from wall time:
+each block spins on %globaltimer for the same time whether or not it is descheduled, so
+it also records the iterations it managed (work) and the gaps in its timer reads (time it
+was not running). Concurrent = the two windows overlap, each side did about the work it
+did alone, and neither side was descheduled.
 """
 from __future__ import annotations
 
@@ -39,6 +45,12 @@ from bullet_trt.sm.partitioner import KINDS, make_partitioner
 GAP_NS = 20_000  # same threshold as native/smid_probe.cu
 OVERLAP_MIN = 0.8
 WORK_MIN = 0.8
+# cross-process throughput verdict (GEMM loops of two MPS clients)
+DISJOINT_VS_CONTROL = 1.3   # together(group + remainder) >= 1.3 x together(group + group)
+KEEP_MIN = 0.6              # each side keeps >= 60 % of its alone rate (power/clock limits cost ~25 %)
+CONCURRENT_VS_ALONE = 1.2   # together > 1.2 x the faster side alone (time slicing gives ~1.0)
+SMID_XP_NOTE = ("%smid is not a physical SM id across MPS clients (MPS renumbers SMs per client): these "
+                "SM-id sets are no evidence of shared or disjoint SMs; the GEMM throughput test decides")
 
 
 # ---------------------------------------------------------------------------------------
@@ -188,6 +200,85 @@ def compare(prefill: dict, decode: dict, prefill_alone: dict | None, decode_alon
     return out
 
 
+def _overlap(w1: tuple[float, float], w2: tuple[float, float]) -> float:
+    """Overlap of two (start, end) windows as a fraction of the shorter one."""
+    both = max(0.0, min(w1[1], w2[1]) - max(w1[0], w2[0]))
+    return both / max(1e-9, min(w1[1] - w1[0], w2[1] - w2[0]))
+
+
+def throughput_verdict(group_alone: float, remainder_alone: float, split_group: float, split_remainder: float,
+                       control_a: float, control_b: float, window_overlap: float = 1.0) -> dict[str, Any]:
+    """Disjointness and concurrency of two processes from GEMM rates (iterations/s).
+
+    group_alone / remainder_alone: each partition with the other process idle;
+    split_group + split_remainder: both at once on the group and the remainder of one split;
+    control_a + control_b: both at once on the group (the same SMs: one partition's capacity);
+    window_overlap: how much the two timed windows of each together-phase overlapped (min).
+    """
+    together, control = split_group + split_remainder, control_a + control_b
+    keep_g = split_group / group_alone if group_alone > 0 else 0.0
+    keep_r = split_remainder / remainder_alone if remainder_alone > 0 else 0.0
+    fastest = max(group_alone, remainder_alone)
+    timed_together = window_overlap >= OVERLAP_MIN
+    return {
+        "together_it_s": round(together, 1), "control_it_s": round(control, 1),
+        "together_vs_control": round(together / control, 3) if control > 0 else None,
+        "group_keeps_vs_alone": round(keep_g, 3), "remainder_keeps_vs_alone": round(keep_r, 3),
+        "together_vs_fastest_alone": round(together / fastest, 3) if fastest > 0 else None,
+        "window_overlap_fraction": round(window_overlap, 3),
+        "disjoint": bool(timed_together and control > 0 and together >= DISJOINT_VS_CONTROL * control
+                         and keep_g >= KEEP_MIN and keep_r >= KEEP_MIN),
+        "concurrent": bool(timed_together and fastest > 0 and together > CONCURRENT_VS_ALONE * fastest),
+        "rule": (f"disjoint: together >= {DISJOINT_VS_CONTROL} x control and each side >= {KEEP_MIN:.0%} of "
+                 f"alone; concurrent: together > {CONCURRENT_VS_ALONE} x fastest alone; both need the "
+                 f"timed windows to overlap >= {OVERLAP_MIN:.0%}"),
+    }
+
+
+def gemm_operands(n: int, device):
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn((n, n), device=device, dtype=torch.bfloat16, generator=g)
+    b = torch.randn((n, n), device=device, dtype=torch.bfloat16, generator=g)
+    return a, b, torch.empty((n, n), device=device, dtype=torch.bfloat16)
+
+
+def gemm_loop(stream, ops, seconds: float, start_at: float | None = None, batch: int = 8) -> dict[str, Any]:
+    """bf16 GEMMs on `stream` for about `seconds` (from wall-clock `start_at`): iterations/s.
+
+    Keeps up to 3 batches in flight (events), so the GPU never waits for the CPU; the count
+    includes the batches in flight when time is up and the clock stops when they finish.
+    """
+    import torch
+
+    a, b, c = ops
+    if start_at is not None:
+        while (wait := start_at - time.time()) > 0:
+            time.sleep(min(wait, 0.002))
+    wall0, t0 = time.time(), time.perf_counter()
+    inflight, done = [], 0
+    with torch.cuda.stream(stream):
+        while True:
+            for _ in range(batch):
+                torch.mm(a, b, out=c)
+            ev = torch.cuda.Event()
+            ev.record(stream)
+            inflight.append(ev)
+            if len(inflight) > 3:
+                inflight.pop(0).synchronize()
+                done += batch
+            if time.perf_counter() - t0 >= seconds:
+                break
+    for ev in inflight:
+        ev.synchronize()
+        done += batch
+    elapsed = time.perf_counter() - t0
+    n = a.shape[0]
+    return {"iters": done, "seconds": round(elapsed, 4), "it_per_s": round(done / elapsed, 1),
+            "tflops": round(2 * n ** 3 * done / elapsed / 1e12, 1), "start": wall0, "end": wall0 + elapsed}
+
+
 # ---------------------------------------------------------------------------------------
 # report sections
 # ---------------------------------------------------------------------------------------
@@ -321,9 +412,30 @@ def measure_in_process(probe: Probe, gp_prefill, gp_decode, split: int, spin_us:
     }
 
 
-def _cross_child(role: str, index: int, split: int, spin_us: int, probe_kind: str, barrier, queue) -> None:
+# GEMM phases of the cross-process measurement: name -> {role: stream key}. "own" is the
+# role's partition (prefill: group, decode: remainder); "group" is the split's group.
+GEMM_PHASES = (
+    ("group_alone", {"prefill": "own"}),
+    ("remainder_alone", {"decode": "own"}),
+    ("split", {"prefill": "own", "decode": "own"}),
+    ("control", {"prefill": "group", "decode": "group"}),
+)
+
+
+def _sync_start(barrier, start_at, lead: bool, delay: float = 0.25) -> float:
+    """Both children meet, the lead picks a wall-clock start time, both read it."""
+    barrier.wait(40)
+    if lead:
+        start_at.value = time.time() + delay
+    barrier.wait(40)
+    return start_at.value
+
+
+def _cross_child(role: str, index: int, split: int, spin_us: int, probe_kind: str, gemm_n: int,
+                 gemm_seconds: float, barrier, start_at, queue) -> None:
     """One role of the cross-process measurement (spawned)."""
     out: dict[str, Any] = {"role": role, "pid": os.getpid()}
+    parts = []
     try:
         import torch
 
@@ -331,14 +443,27 @@ def _cross_child(role: str, index: int, split: int, spin_us: int, probe_kind: st
         from bullet_trt.sm.mps import is_mps_client
 
         torch.cuda.set_device(index)
-        torch.zeros(1, device=f"cuda:{index}")
-        gp = GreenPartitioner(f"cuda:{index}")
+        device = f"cuda:{index}"
+        torch.zeros(1, device=device)
+        gp = GreenPartitioner(device)
+        parts.append(gp)
         gp.prepare(role, [split])
         pf, dc = gp.actual_sms(split)
         mine = pf if role == "prefill" else dc
         stream = gp.stream(split)
-        probe = Probe(probe_kind, f"cuda:{index}")
+        streams = {"own": stream, "group": stream}
+        if role == "decode":  # the control phase puts decode on the group too
+            gg = GreenPartitioner(device)
+            parts.append(gg)
+            gg.prepare("prefill", [split])
+            streams["group"] = gg.stream(split)
+        probe = Probe(probe_kind, device)
         probe.run(stream, 2 * mine, 2000)  # warm-up
+        ops = None
+        if gemm_seconds > 0:
+            ops = gemm_operands(gemm_n, device)
+            for s in {id(v): v for v in streams.values()}.values():  # cuBLAS handles, clocks up
+                gemm_loop(s, ops, 0.2)
         out.update(mps_client=is_mps_client(index), partition_sms=mine, probe=probe.kind)
         barrier.wait(40)
         if role == "prefill":
@@ -350,24 +475,59 @@ def _cross_child(role: str, index: int, split: int, spin_us: int, probe_kind: st
         t0 = time.perf_counter()
         out["both"] = summarize(probe.run(stream, 2 * mine, spin_us))
         out["both_wall_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
+        if ops is not None:
+            out["gemm"] = {}
+            for phase, who in GEMM_PHASES:
+                at = _sync_start(barrier, start_at, role == "prefill")
+                if role in who:
+                    out["gemm"][phase] = gemm_loop(streams[who[role]], ops, gemm_seconds, at)
     except Exception as e:  # noqa: BLE001 - reported by the parent
         out["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         try:
             barrier.abort()
         except Exception:  # noqa: BLE001
             pass
+    for p in parts:  # free the contexts (MPS limits client contexts per GPU)
+        try:
+            p.close()
+        except Exception:  # noqa: BLE001
+            pass
     queue.put(out)
 
 
+def cross_throughput(pf: dict, dc: dict, gemm_n: int, gemm_seconds: float) -> dict[str, Any]:
+    """The children's GEMM records -> rates and the throughput verdict."""
+    g, d = pf["gemm"], dc["gemm"]
+    rates = {
+        "group_alone": g["group_alone"]["it_per_s"],
+        "remainder_alone": d["remainder_alone"]["it_per_s"],
+        "split": {"prefill_group": g["split"]["it_per_s"], "decode_remainder": d["split"]["it_per_s"]},
+        "control": {"prefill_group": g["control"]["it_per_s"], "decode_group": d["control"]["it_per_s"]},
+    }
+    overlap = min(_overlap((g[p]["start"], g[p]["end"]), (d[p]["start"], d[p]["end"])) for p in ("split", "control"))
+    verdict = throughput_verdict(rates["group_alone"], rates["remainder_alone"], rates["split"]["prefill_group"],
+                                 rates["split"]["decode_remainder"], rates["control"]["prefill_group"],
+                                 rates["control"]["decode_group"], overlap)
+    return {"gemm": f"{gemm_n}^3 bf16 torch.mm", "seconds_per_phase": gemm_seconds, "it_per_s": rates,
+            "tflops": {"group_alone": g["group_alone"]["tflops"], "remainder_alone": d["remainder_alone"]["tflops"]},
+            "records": {"prefill": g, "decode": d}, "verdict": verdict}
+
+
 def measure_cross_process(index: int, split: int, spin_us: int, probe_kind: str, mps_running: bool,
-                          timeout: float = 50.0) -> dict[str, Any]:
-    """Prefill and decode in two spawned processes (MPS clients when the daemon runs)."""
+                          timeout: float = 60.0, gemm_n: int = 4096, gemm_seconds: float = 2.0) -> dict[str, Any]:
+    """Prefill and decode in two spawned processes (MPS clients when the daemon runs).
+
+    SM-id probe (reported only: MPS renumbers SM ids per client) and the GEMM throughput
+    test, whose verdict becomes `verdict` (disjoint / concurrent); gemm_seconds <= 0 skips
+    it (then `verdict["disjoint"]` is None and concurrency comes from the probe).
+    """
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    barrier, queue = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_cross_child, args=(role, index, split, spin_us, probe_kind, barrier, queue),
-                         daemon=True) for role in ("prefill", "decode")]
+    barrier, queue, start_at = ctx.Barrier(2), ctx.Queue(), ctx.Value("d", 0.0)
+    procs = [ctx.Process(target=_cross_child, args=(role, index, split, spin_us, probe_kind, gemm_n, gemm_seconds,
+                                                    barrier, start_at, queue), daemon=True)
+             for role in ("prefill", "decode")]
     for p in procs:
         p.start()
     results: dict[str, dict] = {}
@@ -399,8 +559,18 @@ def measure_cross_process(index: int, split: int, spin_us: int, probe_kind: str,
     pf, dc = results["prefill"], results["decode"]
     out["split"] = {"prefill_requested": split, "prefill_sms": pf["partition_sms"], "decode_sms": dc["partition_sms"]}
     out["mps_clients"] = {"prefill": pf["mps_client"], "decode": dc["mps_client"]}
-    out["verdict"] = compare(pf["both"], dc["both"], pf.get("alone"), dc.get("alone"),
-                             pf["partition_sms"], dc["partition_sms"])
+    sv = compare(pf["both"], dc["both"], pf.get("alone"), dc.get("alone"), pf["partition_sms"], dc["partition_sms"])
+    sv["note"] = SMID_XP_NOTE
+    out["smid_verdict"] = sv
+    if gemm_seconds > 0:
+        out["throughput"] = cross_throughput(pf, dc, gemm_n, gemm_seconds)
+        v = dict(out["throughput"]["verdict"])
+    else:
+        v = {"disjoint": None, "concurrent": sv["concurrent"],
+             "rule": "throughput test skipped (gemm_seconds <= 0): disjointness not measured, concurrency from "
+                     "the probe"}
+    v["probe_concurrent"] = sv["concurrent"]
+    out["verdict"] = v
     return out
 
 
@@ -419,6 +589,7 @@ def _resolve_device(device) -> str:
 def run_doctor(device="auto", partitioner_kind: str = "auto", json_out: str | None = None, *,
                prefill_sms: int = 64, spin_ms: float = 100.0, cross_process: str = "auto",
                libsmctrl_path: str | None = None, probe_kind: str = "auto",
+               gemm_n: int = 4096, gemm_seconds: float = 2.0,
                print_report: bool = False) -> dict[str, Any]:
     """Runs every check; returns the report dict (and writes it as JSON to json_out)."""
     import torch
@@ -503,16 +674,29 @@ def run_doctor(device="auto", partitioner_kind: str = "auto", json_out: str | No
             notes.append(f"closing green contexts: {e}")
     running = bool(report["mps"]["daemon_running"])
     if cross_process == "always" or (cross_process == "auto" and running):
-        xp = measure_cross_process(index, split, spin_us, meas["probe"], running)
+        xp = measure_cross_process(index, split, spin_us, meas["probe"], running, gemm_n=gemm_n,
+                                   gemm_seconds=gemm_seconds)
         meas["cross_process"] = xp
         if "verdict" in xp:
-            v = xp["verdict"]
+            v, sv = xp["verdict"], xp["smid_verdict"]
             if running and not all(xp["mps_clients"].values()):
                 problems.append("cross-process: the daemon runs but a child is not an MPS client")
-            if not v["disjoint"]:
-                problems.append(f"cross-process: prefill and decode shared SMs {v['shared_sm_ids']}")
+            if sv["shared_sm_ids"]:
+                notes.append(f"cross-process: the SM-id sets overlap ({_sms(sv['shared_sm_ids'])}), but {SMID_XP_NOTE}")
+            if v["disjoint"] is None:
+                notes.append("cross-process: disjointness not measured (--gemm-seconds 0)")
+            elif running and not v["disjoint"]:
+                problems.append(
+                    f"cross-process: GEMM throughput says prefill (group) and decode (remainder) share SMs: together "
+                    f"{v['together_it_s']} it/s vs control (both on the group) {v['control_it_s']} it/s, keeps "
+                    f"{v['group_keeps_vs_alone']}/{v['remainder_keeps_vs_alone']} of alone ({v['rule']})")
             if running and not v["concurrent"]:
-                problems.append("cross-process: the two MPS clients did not run concurrently")
+                problems.append("cross-process: the two MPS clients did not run concurrently "
+                                f"(together {v.get('together_it_s')} it/s; {v['rule']})")
+            if running and v["concurrent"] and not v["probe_concurrent"]:
+                notes.append("cross-process: the SM-id probe did not look concurrent (window overlap "
+                             f"{sv['window_overlap_fraction']}, descheduled {sv['max_descheduled_fraction']}) "
+                             "although the GEMM throughput did")
             if not running and v["concurrent"]:
                 notes.append("cross-process without MPS looked concurrent (unexpected)")
         else:
@@ -570,13 +754,39 @@ def _measurement_lines(m: dict) -> list[str]:
             lines.append(_side(f"{role} alone", c["alone"]))
         if "both" in c:
             lines.append(_side(f"{role} (both)", c["both"]))
-    v = m["verdict"]
-    extra = "  ".join(f"{k}={v[k]}" for k in ("prefill_work_vs_alone", "decode_work_vs_alone") if k in v)
-    lines.append(f"    disjoint={v['disjoint']}  concurrent={v['concurrent']}  "
-                 f"window overlap={v['window_overlap_fraction']}  {extra}")
+    if "smid_verdict" in m:  # cross-process: SM ids reported, throughput decides
+        sv = m["smid_verdict"]
+        extra = "  ".join(f"{k}={sv[k]}" for k in ("prefill_work_vs_alone", "decode_work_vs_alone") if k in sv)
+        lines.append(f"    probe: SM ids shared [{_sms(sv['shared_sm_ids'])}] (not evidence: {SMID_XP_NOTE})")
+        lines.append(f"    probe: concurrent={sv['concurrent']}  window overlap={sv['window_overlap_fraction']}  {extra}")
+        if "throughput" in m:
+            lines += _throughput_lines(m["throughput"])
+        v = m["verdict"]
+        lines.append(f"    verdict (throughput): disjoint={v['disjoint']}  concurrent={v['concurrent']}")
+    else:
+        v = m["verdict"]
+        extra = "  ".join(f"{k}={v[k]}" for k in ("prefill_work_vs_alone", "decode_work_vs_alone") if k in v)
+        lines.append(f"    disjoint={v['disjoint']}  concurrent={v['concurrent']}  "
+                     f"window overlap={v['window_overlap_fraction']}  {extra}")
     if "mps_clients" in m:
         lines.append(f"    MPS clients: {m['mps_clients']}")
     return lines
+
+
+def _throughput_lines(t: dict) -> list[str]:
+    r, v = t["it_per_s"], t["verdict"]
+    sp, ct = r["split"], r["control"]
+    return [
+        f"    GEMM {t['gemm']}, {t['seconds_per_phase']} s per phase, iterations/s:",
+        f"      alone:                     group {r['group_alone']}  remainder {r['remainder_alone']}  "
+        f"(TFLOP/s {t['tflops']['group_alone']} / {t['tflops']['remainder_alone']})",
+        f"      together group+remainder:  {sp['prefill_group']} + {sp['decode_remainder']} = {v['together_it_s']}  "
+        f"(keeps {v['group_keeps_vs_alone']:.0%} / {v['remainder_keeps_vs_alone']:.0%} of alone)",
+        f"      control group+group:       {ct['prefill_group']} + {ct['decode_group']} = {v['control_it_s']}",
+        f"      together/control {v['together_vs_control']} (disjoint needs >= {DISJOINT_VS_CONTROL})  "
+        f"together/fastest alone {v['together_vs_fastest_alone']} (concurrent needs > {CONCURRENT_VS_ALONE})  "
+        f"window overlap {v['window_overlap_fraction']}",
+    ]
 
 
 def format_report(r: dict) -> str:
@@ -637,12 +847,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="two-process measurement: auto = only when an MPS daemon answers")
     ap.add_argument("--libsmctrl-path", default=None, help="serve.libsmctrl_path (else env LIBSMCTRL_PATH)")
     ap.add_argument("--probe", default="auto", choices=("auto", "native", "triton"))
+    ap.add_argument("--gemm-n", type=int, default=4096, help="cross-process throughput test: GEMM size (bf16)")
+    ap.add_argument("--gemm-seconds", type=float, default=2.0,
+                    help="cross-process throughput test: seconds per phase (4 phases; 0 skips it)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a problem is found")
     args = ap.parse_args(argv)
     report = run_doctor(args.device, args.partitioner, args.json_out, prefill_sms=args.prefill_sms,
                         spin_ms=args.spin_ms, cross_process=args.cross_process,
                         libsmctrl_path=args.libsmctrl_path, probe_kind=args.probe,
-                        print_report=args.json_out != "-")
+                        gemm_n=args.gemm_n, gemm_seconds=args.gemm_seconds, print_report=args.json_out != "-")
     return 1 if (args.strict and report["problems"]) else 0
 
 

@@ -1,0 +1,201 @@
+"""`bullet-trt`: serve, generate, and (from later issues) bench, doctor, plot.
+
+    bullet-trt serve [--engine-dir DIR] [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
+                     [--set key=value ...] [-- extra tritonserver flags]
+    bullet-trt generate --engine-dir DIR --prompt "Hello" [--max-tokens 32 --temperature 0 ...]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+
+def parse_sets(items: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--set expects key=value (e.g. serve.mode=chunked), got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+# -- serve ------------------------------------------------------------------------------------
+
+def cmd_serve(args) -> int:
+    from bullet_trt.config import load_engine_config
+    from bullet_trt.triton import server
+
+    overrides = parse_sets(args.set)
+    if args.engine_dir:
+        engine_dir = Path(args.engine_dir)
+    else:
+        engine_dir = server.DEFAULT_ENGINE_DIR
+        if not (engine_dir / "engine.yaml").is_file():
+            print(f"bullet-trt: building the embedded default engine in {engine_dir}", file=sys.stderr)
+            sys.path.insert(0, str(server.PROJECT_ROOT))
+            from build_engines import build_default_engine
+            build_default_engine(engine_dir)
+    # Fail here, with a readable message, rather than inside the server's model load.
+    try:
+        load_engine_config(engine_dir, overrides)
+    except ValueError as e:  # ConfigError names the key
+        raise SystemExit(f"bullet-trt serve: {e}")
+    extra = list(args.tritonserver_args or [])
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    try:
+        cmd, env = server.prepare(engine_dir=engine_dir, overrides=overrides, model_repository=args.model_repository,
+                                  http_port=args.http_port, grpc_port=args.grpc_port,
+                                  metrics_port=args.metrics_port,
+                                  log_verbose=args.log_verbose, explicit=not args.no_explicit, extra=extra)
+    except server.ServerSetupError as e:
+        raise SystemExit(f"bullet-trt serve: {e}")
+    if args.dry_run:
+        for key in ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "BULLET_PYTHON", "BULLET_ENGINE_DIR",
+                    "BULLET_OVERRIDES"):
+            if key in env:
+                print(f"{key}={env[key]}")
+        print(" ".join(cmd))
+        return 0
+    print(f"bullet-trt: engine {Path(engine_dir).resolve()}; HTTP :{args.http_port}, gRPC :{args.grpc_port}, "
+          f"metrics :{args.metrics_port}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(cmd[0], cmd, env)  # tritonserver takes over this process (signals reach it directly)
+    return 0  # not reached
+
+
+# -- generate (offline) -----------------------------------------------------------------------
+
+def cmd_generate(args) -> int:
+    from bullet_trt import LLM, SamplingParams
+
+    overrides = parse_sets(args.set)
+    prompts = list(args.prompt or [])
+    if args.prompt_file:
+        prompts += [line.rstrip("\n") for line in Path(args.prompt_file).read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise SystemExit("give at least one --prompt (or --prompt-file)")
+    sampling = SamplingParams(max_tokens=args.max_tokens, min_tokens=args.min_tokens,
+                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              seed=args.seed, stop=list(args.stop or []), ignore_eos=args.ignore_eos)
+    try:
+        sampling.validate()
+    except ValueError as e:
+        raise SystemExit(f"bullet-trt generate: {e}")
+    with LLM(args.engine_dir, **overrides) as llm:
+        for prompt, out in zip(prompts, llm.generate(prompts, sampling)):
+            if len(prompts) > 1:
+                print(f"--- {prompt!r} ({len(out.token_ids)} tokens, {out.finish_reason})")
+            print((prompt if args.echo else "") + out.text)
+    return 0
+
+
+# -- subcommands owned by other modules -------------------------------------------------------
+
+# name -> (candidate modules, help). A module provides main(argv) -> int; the arguments after
+# the subcommand go to it unchanged. Modules are imported only when their command runs.
+EXTERNAL = {
+    "bench": (("bullet_trt.bench.cli", "bullet_trt.bench.run"), "load generator and benchmarks against a running server"),
+    "doctor": (("bullet_trt.doctor", "bullet_trt.sm.doctor"), "check the machine: GPU, MPS, SM partitioning"),
+    "plot": (("bullet_trt.bench.plot", "bullet_trt.bench.plot_iterations"), "plot benchmark / iteration logs"),
+}
+
+
+def _find_module(candidates: tuple[str, ...]) -> str | None:
+    for name in candidates:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        except ModuleNotFoundError:
+            continue
+    return None
+
+
+def _run_external(args) -> int:
+    module = importlib.import_module(args.external_module)
+    rest = list(args.rest or [])
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if hasattr(module, "main"):
+        return int(module.main(rest) or 0)
+    print(f"bullet-trt {args.command}: {args.external_module} has no main(argv)", file=sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="bullet-trt", description="LLM serving for Triton Inference Server.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="start tritonserver with model_repository/bullet",
+                       description="Start tritonserver (from the nvidia-pytriton wheel) serving model_repository/. "
+                                   "Arguments after -- go to tritonserver unchanged.")
+    s.add_argument("--engine-dir", help="engine directory (default: engines/default, built if missing)")
+    s.add_argument("--model-repository", default=None, help="model repository (default: the project's)")
+    s.add_argument("--http-port", type=int, default=8000)
+    s.add_argument("--grpc-port", type=int, default=8001)
+    s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="engine configuration override, e.g. serve.mode=chunked or kv.cpu_pool_mib=256")
+    s.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose level")
+    s.add_argument("--no-explicit", action="store_true",
+                   help="do not use --model-control-mode=explicit (the model then cannot unload itself "
+                        "when its engine dies)")
+    s.add_argument("--dry-run", action="store_true", help="print the environment and command, do not start")
+    s.add_argument("tritonserver_args", nargs=argparse.REMAINDER, help="-- then extra tritonserver flags")
+    s.set_defaults(func=cmd_serve)
+
+    g = sub.add_parser("generate", help="generate offline from an engine directory (no server)")
+    g.add_argument("--engine-dir", default="engines/default")
+    g.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
+    g.add_argument("--prompt-file", help="one prompt per line")
+    g.add_argument("--max-tokens", type=int, default=32)
+    g.add_argument("--min-tokens", type=int, default=0)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", help="stop word (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--echo", action="store_true", help="print the prompt before the completion")
+    g.add_argument("--set", action="append", metavar="KEY=VALUE", help="engine configuration override")
+    g.set_defaults(func=cmd_generate)
+
+    for name, (candidates, help_text) in EXTERNAL.items():
+        module = _find_module(candidates)
+        p = sub.add_parser(name, help=help_text if module else f"{help_text} (not available in this version)",
+                           add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        if module:
+            p.set_defaults(func=_run_external, external_module=module)
+        else:
+            p.set_defaults(func=lambda args, n=name: _missing(n))
+    return ap
+
+
+def _missing(name: str) -> int:
+    print(f"bullet-trt {name}: not available in this version", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in EXTERNAL:  # everything after the name belongs to that command
+        module = _find_module(EXTERNAL[argv[0]][0])
+        if module is None:
+            return _missing(argv[0])
+        return _run_external(argparse.Namespace(command=argv[0], external_module=module, rest=argv[1:]))
+    args = build_parser().parse_args(argv)
+    if getattr(args, "model_repository", "unset") is None:
+        from bullet_trt.triton.server import DEFAULT_MODEL_REPOSITORY
+        args.model_repository = DEFAULT_MODEL_REPOSITORY
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Custom Prometheus metrics on Triton's metrics port (the Python backend's MetricFamily API).
+
+    bullet_time_to_first_token_seconds     histogram  request arrival -> first generated token
+    bullet_time_per_output_token_seconds   histogram  per request: (last - first token) / (n - 1)
+    bullet_requests_waiting                gauge      queued in the engine, not yet scheduled
+    bullet_requests_running                gauge      holding KV blocks in the engine
+    bullet_kv_blocks_used / _free          gauge      the paged KV pool
+    bullet_generation_tokens_total         counter    tokens generated since start
+    bullet_preemptions_total               counter    sequences preempted for KV space
+    bullet_requests_finished_total         counter    by reason: stop, length, abort, error, rejected
+    bullet_engine_ready                    gauge      1 while the engine process serves, 0 after it died
+    bullet_prefill_sms / _decode_sms       gauge      SMs of the last prefill / decode iteration (spatial modes)
+
+Every series carries the labels model and version. Without Triton (unit tests, the offline
+API) `Metrics(None)` accepts the same calls and records nothing but its own counters.
+"""
+from __future__ import annotations
+
+import threading
+
+from bullet_trt.engine.request import EngineStats
+
+TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0]
+FINISH_REASONS = ("stop", "length", "abort", "error", "rejected")
+
+NAMES = (
+    "bullet_time_to_first_token_seconds", "bullet_time_per_output_token_seconds",
+    "bullet_requests_waiting", "bullet_requests_running", "bullet_kv_blocks_used",
+    "bullet_kv_blocks_free", "bullet_generation_tokens_total", "bullet_preemptions_total",
+    "bullet_requests_finished_total", "bullet_engine_ready", "bullet_prefill_sms", "bullet_decode_sms",
+)
+
+
+class _Null:
+    def set(self, value):
+        pass
+
+    def increment(self, value):
+        pass
+
+    def observe(self, value):
+        pass
+
+
+class Metrics:
+    def __init__(self, pb_utils=None, labels: dict[str, str] | None = None):
+        self._lock = threading.Lock()
+        self._families = []
+        self._metrics = []
+        self._last: dict[str, float] = {}
+        self._tokens = 0
+        self._preemptions = 0
+        self.finished = {r: 0 for r in FINISH_REASONS}
+        labels = dict(labels or {})
+        fam = getattr(pb_utils, "MetricFamily", None) if pb_utils is not None else None
+
+        def make(name, description, kind, extra_labels=None, buckets=None):
+            if fam is None:
+                return _Null()
+            family = self._family(fam, name, description, kind)
+            kwargs = {"labels": {**labels, **(extra_labels or {})}}
+            if buckets is not None:
+                kwargs["buckets"] = buckets
+            metric = family.Metric(**kwargs)
+            self._metrics.append(metric)
+            return metric
+
+        H = getattr(fam, "HISTOGRAM", None)
+        G = getattr(fam, "GAUGE", None)
+        C = getattr(fam, "COUNTER", None)
+        self.ttft = make(NAMES[0], "Time from request arrival to its first generated token, seconds", H,
+                         buckets=TTFT_BUCKETS)
+        self.tpot = make(NAMES[1], "Mean time between output tokens of a finished request, seconds", H,
+                         buckets=TPOT_BUCKETS)
+        self.waiting = make(NAMES[2], "Requests queued in the engine, not yet scheduled", G)
+        self.running = make(NAMES[3], "Requests the engine is running (holding KV blocks)", G)
+        self.kv_used = make(NAMES[4], "KV-cache blocks in use", G)
+        self.kv_free = make(NAMES[5], "KV-cache blocks free", G)
+        self.tokens = make(NAMES[6], "Tokens generated since start", C)
+        self.preemptions = make(NAMES[7], "Sequences preempted to free KV blocks", C)
+        self.finished_by = {r: make(NAMES[8], "Requests finished, by reason", C, {"reason": r})
+                            for r in FINISH_REASONS}
+        self.ready = make(NAMES[9], "1 while the engine serves requests, 0 after it stopped", G)
+        self.prefill_sms = make(NAMES[10], "SMs of the last prefill iteration (bullet and static modes)", G)
+        self.decode_sms = make(NAMES[11], "SMs of the last decode iteration (bullet and static modes)", G)
+
+    def _family(self, fam, name, description, kind):
+        for known_name, family in self._families:
+            if known_name == name:
+                return family
+        family = fam(name=name, description=description, kind=kind)
+        self._families.append((name, family))
+        return family
+
+    # -- updates (called from engine and frontend threads) ----------------------------------
+    def _set(self, key: str, metric, value: float) -> None:
+        if self._last.get(key) != value:
+            self._last[key] = value
+            metric.set(value)
+
+    def update_stats(self, s: EngineStats) -> None:
+        with self._lock:
+            self._set("waiting", self.waiting, s.num_waiting)
+            self._set("running", self.running, s.num_running)
+            self._set("kv_used", self.kv_used, s.kv_blocks_total - s.kv_blocks_free)
+            self._set("kv_free", self.kv_free, s.kv_blocks_free)
+            self._set("prefill_sms", self.prefill_sms, getattr(s, "prefill_sms", 0))
+            self._set("decode_sms", self.decode_sms, getattr(s, "decode_sms", 0))
+            if s.tokens_generated > self._tokens:
+                self.tokens.increment(s.tokens_generated - self._tokens)
+                self._tokens = s.tokens_generated
+            if s.num_preemptions > self._preemptions:
+                self.preemptions.increment(s.num_preemptions - self._preemptions)
+                self._preemptions = s.num_preemptions
+
+    def set_ready(self, ready: bool) -> None:
+        with self._lock:
+            self._set("ready", self.ready, 1.0 if ready else 0.0)
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.observe(max(seconds, 0.0))
+
+    def observe_tpot(self, seconds: float) -> None:
+        self.tpot.observe(max(seconds, 0.0))
+
+    def request_finished(self, reason: str | None) -> None:
+        reason = reason if reason in self.finished_by else "error"
+        with self._lock:
+            self.finished[reason] += 1
+        self.finished_by[reason].increment(1)
+
+    def close(self) -> None:
+        # Metrics must go before their families (the backend checks the order).
+        self._metrics.clear()
+        self._families.clear()

@@ -1,0 +1,374 @@
+"""The TritonPythonModel behind model_repository/bullet (decoupled transaction policy).
+
+Flow of one request::
+
+    execute()  (stub main thread)     parse + validate + tokenize (frontend.py), then
+                                      engine.add_request(NewRequest, callback)
+    engine reader thread              callback per RequestOutput: incremental detokenization,
+                                      one response per new piece of text (stream=true) or one
+                                      response at the end (stream=false), FINAL flag last
+    cancellation thread               polls request.is_cancelled() and aborts in the engine
+
+Every request ends with exactly one response (or flag) carrying
+TRITONSERVER_RESPONSE_COMPLETE_FINAL: its last text, an error naming the input and the
+limit it broke, "cancelled", or the engine's failure. If the engine process dies, in-flight
+requests get an error, `bullet_engine_ready` drops to 0 and, when the server runs with
+``--model-control-mode=explicit`` (as `bullet-trt serve` starts it), the model unloads
+itself so that Triton reports it not ready.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bullet_trt.config import load_engine_config
+from bullet_trt.engine.request import NewRequest, RequestOutput
+from bullet_trt.triton.frontend import Frontend, FrontendLimits, ParsedRequest, RequestError
+from bullet_trt.triton.metrics import Metrics
+from bullet_trt.workers.engine_process import AsyncEngine, EngineClient, EngineUnavailable
+
+log = logging.getLogger("bullet_trt.triton")
+
+ENGINE_DIR_ENV = "BULLET_ENGINE_DIR"
+OVERRIDES_ENV = "BULLET_OVERRIDES"  # JSON object of dotted config keys, set by `bullet-trt serve --set`
+
+# Model parameters (config.pbtxt) that are not engine-config overrides.
+MODEL_PARAMS = {
+    "engine_dir": "engines/default",
+    "executor": "",  # "" = the engine for serve.mode (create_engine); "local" or "workers" force one
+    "default_max_tokens": "64",
+    "max_tokens_limit": "0",  # 0 = max_model_len - 1
+    "exclude_input_in_output": "true",
+    "cancel_poll_ms": "20",
+    "engine_threads": "0",  # torch threads in the engine process; 0 = torch's default
+    "engine_start_timeout_s": "600",
+    "unload_on_engine_failure": "true",
+}
+
+
+def _truthy(value: str) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def model_parameters(model_config: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """Splits config.pbtxt parameters into model parameters and dotted engine overrides."""
+    raw = {k: v.get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
+    params = dict(MODEL_PARAMS)
+    overrides: dict[str, str] = {}
+    for key, value in raw.items():
+        if key in MODEL_PARAMS:
+            params[key] = value
+        elif "." in key:
+            if value.strip() and not value.strip().startswith("${"):
+                overrides[key] = value
+        else:
+            raise ValueError(f"unknown parameter {key!r} in config.pbtxt; known: "
+                             f"{', '.join(MODEL_PARAMS)} and dotted engine keys such as serve.mode")
+    env = os.environ.get(OVERRIDES_ENV, "").strip()
+    if env:
+        extra = json.loads(env)
+        if not isinstance(extra, dict):
+            raise ValueError(f"{OVERRIDES_ENV} must hold a JSON object of dotted keys, got {env!r}")
+        overrides.update({str(k): str(v) for k, v in extra.items()})
+    return params, overrides
+
+
+def resolve_engine_dir(value: str, model_dir: Path | None) -> Path:
+    """BULLET_ENGINE_DIR wins; a relative path is looked up from the project root."""
+    value = os.environ.get(ENGINE_DIR_ENV) or value or MODEL_PARAMS["engine_dir"]
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        candidates = [path]
+    else:
+        bases = []
+        if model_dir is not None:
+            bases.append(model_dir.resolve().parent.parent)  # <root>/model_repository/bullet
+        bases.append(Path(__file__).resolve().parents[2])  # the checkout holding bullet_trt
+        bases.append(Path.cwd())
+        candidates = [b / path for b in bases]
+    for c in candidates:
+        if (c / "engine.yaml").is_file():
+            return c
+    raise FileNotFoundError(
+        f"engine directory {value!r} not found (looked in {', '.join(str(c) for c in candidates)}): "
+        f"build one with `python build_engines.py` or point {ENGINE_DIR_ENV} at one")
+
+
+@dataclass
+class _Active:
+    """One request in flight."""
+
+    rid: str
+    request: object
+    sender: object
+    parsed: ParsedRequest
+    detok: object
+    arrival: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    first_token: float | None = None
+    last_token: float | None = None
+    num_output_tokens: int = 0
+    pending_tokens: int = 0
+    pending_logprobs: list[float] = field(default_factory=list)
+    all_logprobs: list[float] = field(default_factory=list)
+    cum_logprob: float = 0.0
+    text: list[str] = field(default_factory=list)
+    sent_any: bool = False
+    cancelled: bool = False
+    done: bool = False
+
+
+class TritonPythonModel:
+    """Triton loads this through model_repository/bullet/1/model.py."""
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def initialize(self, args):
+        import triton_python_backend_utils as pb_utils
+
+        if not logging.getLogger().handlers:
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+        self.pb = pb_utils
+        self.model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(self.model_config):
+            raise ValueError("model_repository/bullet must use the decoupled transaction policy "
+                             "(model_transaction_policy { decoupled: true })")
+        self.model_name = args.get("model_name", "bullet")
+        self.batched = int(self.model_config.get("max_batch_size", 0)) > 0
+        params, overrides = model_parameters(self.model_config)
+        model_dir = Path(args["model_repository"]) if args.get("model_repository") else None
+        engine_dir = resolve_engine_dir(params["engine_dir"], model_dir)
+        self.cfg = load_engine_config(engine_dir, overrides)
+
+        from bullet_trt.model.tokenizer import IncrementalDetokenizer, Tokenizer
+        self._detok_cls = IncrementalDetokenizer
+        self.tokenizer = Tokenizer(self.cfg.tokenizer_path)
+        limit = int(params["max_tokens_limit"]) or self.cfg.max_model_len - 1
+        self.frontend = Frontend(self.tokenizer, FrontendLimits(
+            max_prompt_len=self.cfg.max_prompt_len, max_model_len=self.cfg.max_model_len,
+            max_tokens_limit=limit, default_max_tokens=min(int(params["default_max_tokens"]), limit),
+            vocab_size=self.tokenizer.vocab_size,
+            exclude_input_in_output=_truthy(params["exclude_input_in_output"])))
+        self.unload_on_failure = _truthy(params["unload_on_engine_failure"])
+        self.metrics = Metrics(pb_utils, {"model": self.model_name, "version": str(args.get("model_version", ""))})
+
+        if params["executor"]:  # force one EngineCore executor, whatever serve.mode says
+            factory, engine_kwargs = "bullet_trt.engine.core:EngineCore", {"executor": params["executor"]}
+        else:  # the engine for serve.mode: chunked, bullet or static
+            factory, engine_kwargs = "bullet_trt.engine.core:create_engine", {}
+        self.engine: AsyncEngine = EngineClient(
+            self.cfg, factory=factory, engine_kwargs=engine_kwargs, on_stats=self.metrics.update_stats,
+            on_death=self._on_engine_death, num_threads=int(params["engine_threads"]),
+            start_timeout=float(params["engine_start_timeout_s"])).start()
+        self.metrics.set_ready(True)
+        log.info("bullet: engine %s ready (pid %s, max_model_len %d, mode %s)", engine_dir,
+                 getattr(self.engine, "pid", "?"), self.cfg.max_model_len, self.cfg.serve.mode)
+
+        self._ids = itertools.count()
+        self._active: dict[str, _Active] = {}
+        self._active_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._poll_s = max(int(params["cancel_poll_ms"]), 1) / 1000.0
+        self._watcher = threading.Thread(target=self._watch_cancellation, name="bullet-cancel", daemon=True)
+        self._watcher.start()
+
+    def finalize(self):
+        self._stop.set()
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()  # answers every in-flight request with an error
+        if getattr(self, "_watcher", None) is not None:
+            self._watcher.join(timeout=2)
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
+
+    # -- requests -----------------------------------------------------------------------------
+    def execute(self, requests):
+        for request in requests:
+            try:
+                self._start(request)
+            except Exception as e:  # never let one request take the others down
+                log.exception("bullet: unexpected error while starting a request")
+                self._send_error_final(request.get_response_sender(), f"internal error: {e}", "INTERNAL")
+        return None
+
+    def _start(self, request) -> None:
+        sender = request.get_response_sender()
+        arrival = time.monotonic()
+        try:
+            inputs = {t.name(): t.as_numpy() for t in request.inputs()}
+            parsed = self.frontend.parse(inputs)
+        except RequestError as e:
+            self.metrics.request_finished("rejected")
+            self._send_error_final(sender, str(e), "INVALID_ARG")
+            return
+        rid = f"r{next(self._ids)}"
+        state = _Active(rid, request, sender, parsed, self._detok_cls(self.tokenizer, parsed.prompt_token_ids),
+                        arrival)
+        with self._active_lock:
+            self._active[rid] = state
+        try:
+            self.engine.add_request(NewRequest(rid, parsed.prompt_token_ids, parsed.params),
+                                    lambda out, st=state: self._on_output(st, out))
+        except (EngineUnavailable, ValueError) as e:
+            with self._active_lock:
+                self._active.pop(rid, None)
+            self.metrics.request_finished("error" if isinstance(e, EngineUnavailable) else "rejected")
+            code = "UNAVAILABLE" if isinstance(e, EngineUnavailable) else "INVALID_ARG"
+            msg = f"engine is not ready: {e}" if isinstance(e, EngineUnavailable) else str(e)
+            with state.lock:
+                state.done = True
+                self._send_error_final(sender, msg, code)
+
+    # -- engine outputs (reader thread) ---------------------------------------------------------
+    def _on_output(self, st: _Active, out: RequestOutput) -> None:
+        now = time.monotonic()
+        if out.new_token_ids:
+            if st.first_token is None:
+                st.first_token = now
+                self.metrics.observe_ttft(now - st.arrival)
+            st.last_token = now
+            st.num_output_tokens += len(out.new_token_ids)
+            st.pending_tokens += len(out.new_token_ids)
+            if out.new_logprobs:
+                st.pending_logprobs.extend(out.new_logprobs)
+                st.all_logprobs.extend(out.new_logprobs)
+                st.cum_logprob += float(sum(out.new_logprobs))
+        piece = st.detok.step(out.new_token_ids) if out.new_token_ids else ""
+        if out.finished:
+            piece += st.detok.flush()
+            self._finish(st, out, piece)
+            return
+        if not piece:
+            return
+        if st.parsed.stream:
+            with st.lock:
+                if st.done or st.cancelled:
+                    return
+                if not self._send(st, self._response(st, piece), 0):
+                    st.cancelled = True
+                    self.engine.abort(st.rid)
+        else:
+            st.text.append(piece)
+
+    def _finish(self, st: _Active, out: RequestOutput, piece: str) -> None:
+        with self._active_lock:
+            self._active.pop(st.rid, None)
+        if st.first_token is not None and st.num_output_tokens > 1:
+            self.metrics.observe_tpot((st.last_token - st.first_token) / (st.num_output_tokens - 1))
+        reason = out.finish_reason or ("error" if out.error else "stop")
+        self.metrics.request_finished(reason)
+        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with st.lock:
+            if st.done:
+                return
+            st.done = True
+            if reason == "rejected":  # the engine refused it at admission (names field and limit)
+                self._send_error_final(st.sender, out.error or "request rejected", "INVALID_ARG")
+            elif out.error or reason == "error":
+                code = "INTERNAL" if self.engine.is_ready() else "UNAVAILABLE"
+                self._send_error_final(st.sender, out.error or "request failed", code)
+            elif reason == "abort":
+                self._send_error_final(st.sender, "request cancelled", "CANCELLED")
+            elif st.parsed.stream:
+                if piece or not st.sent_any or st.parsed.return_num_output_tokens or st.parsed.return_log_probs:
+                    self._send(st, self._response(st, piece), final)
+                else:
+                    self._send(st, None, final)
+            else:
+                st.text.append(piece)
+                text = "".join(st.text)
+                if not st.parsed.exclude_input_in_output:
+                    text = st.parsed.text + text
+                self._send(st, self._response(st, text, whole=True), final)
+
+    def _response(self, st: _Active, text: str, whole: bool = False):
+        pb = self.pb
+        p = st.parsed
+
+        def tensor(name, values, dtype):
+            a = np.asarray(values, dtype=dtype).reshape(-1)
+            return pb.Tensor(name, a.reshape((1, -1)) if self.batched else a)
+
+        outs = [tensor("text_output", [text.encode("utf-8")], np.object_)]
+        if p.return_num_input_tokens:
+            outs.append(tensor("num_input_tokens", [len(p.prompt_token_ids)], np.int32))
+        if p.return_num_output_tokens:
+            outs.append(tensor("num_output_tokens", [st.num_output_tokens if whole else st.pending_tokens],
+                               np.int32))
+        if p.return_log_probs:
+            outs.append(tensor("cum_log_probs", [st.cum_logprob], np.float32))
+            outs.append(tensor("output_log_probs", st.all_logprobs if whole else st.pending_logprobs,
+                               np.float32))
+        st.pending_tokens = 0
+        st.pending_logprobs = []
+        return pb.InferenceResponse(output_tensors=outs)
+
+    def _send(self, st: _Active, response, flags: int) -> bool:
+        try:
+            if response is None:
+                st.sender.send(flags=flags)
+            else:
+                st.sender.send(response, flags=flags)
+            st.sent_any = True
+            return True
+        except Exception as e:  # the client went away
+            log.info("bullet: request %s: response not delivered (%s)", st.rid, e)
+            return False
+
+    def _error(self, message: str, code: str):
+        err_cls = self.pb.TritonError
+        code_value = getattr(err_cls, code, None)
+        if code_value is not None:
+            try:
+                return err_cls(message, code_value)
+            except TypeError:
+                pass
+        return err_cls(message)
+
+    def _send_error_final(self, sender, message: str, code: str) -> None:
+        try:
+            sender.send(self.pb.InferenceResponse(output_tensors=[], error=self._error(message, code)),
+                        flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as e:
+            log.info("bullet: error response not delivered (%s): %s", e, message)
+
+    # -- cancellation and health ----------------------------------------------------------------
+    def _watch_cancellation(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            with self._active_lock:
+                active = list(self._active.values())
+            for st in active:
+                with st.lock:
+                    if st.done or st.cancelled:
+                        continue
+                    try:
+                        cancelled = st.request.is_cancelled()
+                    except Exception:
+                        cancelled = False
+                    if cancelled:
+                        st.cancelled = True
+                if st.cancelled:
+                    self.engine.abort(st.rid)
+
+    def _on_engine_death(self, reason: str) -> None:
+        log.error("bullet: %s; the model is no longer ready", reason)
+        self.metrics.set_ready(False)
+        if self.unload_on_failure:
+            threading.Thread(target=self._unload_self, name="bullet-unload", daemon=True).start()
+
+    def _unload_self(self) -> None:
+        try:
+            self.pb.unload_model(self.model_name)
+            log.error("bullet: unloaded model %s after the engine failure", self.model_name)
+        except Exception as e:
+            log.error("bullet: could not unload model %s (%s); it keeps answering every request with "
+                      "an error. Start tritonserver with --model-control-mode=explicit to have it "
+                      "reported not ready.", self.model_name, e)

@@ -1,0 +1,442 @@
+"""The engine behind a server: an `AsyncEngine` interface and `EngineClient`, which runs
+`EngineCore` in a process of its own.
+
+The server side (the Triton model) only ever talks to an `AsyncEngine`: it adds a request
+with a callback, aborts by id, reads stats and asks whether the engine is ready. The next
+issue's two-worker orchestrator implements the same interface, so the frontend does not
+change when the engine underneath does.
+
+Process layout of `EngineClient`::
+
+    parent (Triton stub)                          engine process (spawned)
+      add_request ──► inbox ("add", NewRequest)     loop: drain inbox (block when idle)
+      abort       ──► inbox ("abort", id)                 core.step()
+      shutdown    ──► inbox ("shutdown",)                 outbox ◄── ("out", [RequestOutput], EngineStats)
+      reader thread ◄── outbox, dispatches each RequestOutput to its request's callback
+
+Messages are small (token ids, ids, counters); the weights and the KV pool never cross.
+If the engine process dies, every request still in flight gets a final error output and
+`is_ready()` turns false; nothing waits forever.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import importlib
+import logging
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput
+
+log = logging.getLogger("bullet_trt.engine_process")
+
+OutputCallback = Callable[[RequestOutput], None]
+StatsCallback = Callable[[EngineStats], None]
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine is not running (not started yet, shutting down, or its process died)."""
+
+
+class AsyncEngine(abc.ABC):
+    """What a serving frontend needs from an engine, whatever runs underneath.
+
+    Every request added is answered through its callback, from an engine thread: zero or
+    more outputs with new tokens, then exactly one output with ``finished=True``:
+    finish_reason "stop", "length", "abort", "rejected" (the engine refused the request at
+    admission; ``error`` names the field and the limit) or "error" (``error`` says why,
+    e.g. the engine process died).
+    """
+
+    @abc.abstractmethod
+    def add_request(self, request: NewRequest, callback: OutputCallback) -> None:
+        """Queues a request; raises EngineUnavailable when the engine cannot take it."""
+
+    @abc.abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Stops a request at the next step; its final output has finish_reason "abort"."""
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        """The latest engine counters (queue depths, KV blocks, tokens generated)."""
+
+    @abc.abstractmethod
+    def is_ready(self) -> bool:
+        """True while the engine accepts requests."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Ends every in-flight request with an error and stops the engine."""
+
+    # optional hooks, shared by implementations
+    @property
+    def failure(self) -> str | None:
+        """Why the engine stopped being ready, when it did so on its own."""
+        return None
+
+
+@dataclasses.dataclass
+class EngineInfo:
+    """Sent once by the engine process when it is ready."""
+
+    pid: int
+    pgid: int
+    max_model_len: int
+    max_prompt_len: int
+    eos_token_ids: list[int]
+    stats: EngineStats
+
+
+def python_executable() -> str:
+    """The interpreter to spawn the engine with.
+
+    Inside Triton's Python-backend stub ``sys.executable`` is whatever ``python3`` was first
+    on PATH when the stub started, which may not be the interpreter whose packages the stub
+    imported; `bullet-trt serve` exports BULLET_PYTHON with the right one.
+    """
+    exe = os.environ.get("BULLET_PYTHON")
+    if exe and os.access(exe, os.X_OK):
+        return exe
+    if sys.executable and os.access(sys.executable, os.X_OK):
+        return sys.executable
+    found = shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}") or shutil.which("python3")
+    if not found:
+        raise EngineUnavailable("cannot find a Python interpreter to run the engine process: set BULLET_PYTHON")
+    return found
+
+
+def _load_factory(spec: str) -> Callable[..., Any]:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# -------------------------------------------------------------------------------------------
+# engine process side
+# -------------------------------------------------------------------------------------------
+
+def _engine_main(cfg, factory: str, engine_kwargs: dict, inbox, outbox, stats_interval: float,
+                 num_threads: int) -> None:
+    """Runs in the spawned process: build the engine, then serve messages until told to stop."""
+    parent = mp.parent_process()
+    try:
+        # A process group of our own: should this process die, the client kills the group,
+        # so that worker processes the engine started do not outlive it.
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    try:
+        if num_threads > 0:
+            import torch
+            torch.set_num_threads(num_threads)
+        core = _load_factory(factory)(cfg, **engine_kwargs)
+        info = EngineInfo(pid=os.getpid(), pgid=os.getpgid(0), max_model_len=cfg.max_model_len,
+                          max_prompt_len=cfg.max_prompt_len,
+                          eos_token_ids=list(getattr(core, "eos_token_ids", [])), stats=core.stats())
+        outbox.put(("ready", info))
+    except BaseException:  # report why start-up failed, then exit
+        outbox.put(("fatal", traceback.format_exc()))
+        return
+    try:
+        _engine_loop(core, inbox, outbox, stats_interval, parent)
+    except BaseException:
+        outbox.put(("fatal", traceback.format_exc()))
+        raise
+    finally:
+        close = getattr(core, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                pass
+
+
+def _engine_loop(core, inbox, outbox, stats_interval: float, parent) -> None:
+    last_stats = None
+    last_stats_time = 0.0
+    last_parent_check = time.monotonic()
+    while True:
+        busy = core.has_unfinished()
+        # Idle: sleep on the queue (waking once a second to notice a dead parent).
+        # Busy: only take what is already there, then step.
+        try:
+            msg = inbox.get(timeout=1.0) if not busy else inbox.get_nowait()
+        except queue.Empty:
+            msg = None
+        if parent is not None and time.monotonic() - last_parent_check >= 1.0:
+            last_parent_check = time.monotonic()
+            if not parent.is_alive():  # nobody is left to read our outputs
+                return
+        rejected = []
+        while msg is not None:
+            kind = msg[0]
+            if kind == "add":
+                req: NewRequest = msg[1]
+                try:
+                    core.add_request(req)
+                except Exception as e:  # ValueError names the field and the limit
+                    rejected.append(RequestOutput(req.request_id, [], finished=True, finish_reason="rejected",
+                                                  num_prompt_tokens=len(req.prompt_token_ids),
+                                                  error=str(e)))
+            elif kind == "abort":
+                core.abort_request(msg[1])
+            elif kind == "shutdown":
+                return
+            try:
+                msg = inbox.get_nowait()
+            except queue.Empty:
+                msg = None
+        outputs = rejected
+        if core.has_unfinished():
+            outputs = outputs + core.step()
+        now = time.monotonic()
+        stats = core.stats()
+        if outputs:
+            outbox.put(("out", outputs, stats))
+            last_stats, last_stats_time = stats, now
+        elif stats != last_stats and (now - last_stats_time >= stats_interval or not core.has_unfinished()):
+            outbox.put(("stats", stats))
+            last_stats, last_stats_time = stats, now
+
+
+# -------------------------------------------------------------------------------------------
+# server side
+# -------------------------------------------------------------------------------------------
+
+class EngineClient(AsyncEngine):
+    """Runs the engine built by ``factory(cfg, **engine_kwargs)`` in a spawned process
+    (default: `create_engine`, the engine for cfg.serve.mode).
+
+    factory: "module:callable" building the engine inside the child (tests swap in fakes).
+    on_stats: called from the reader thread with every EngineStats the engine sends.
+    on_death: called once, from the reader thread, when the engine process exits unasked.
+    """
+
+    def __init__(self, cfg, *, factory: str = "bullet_trt.engine.core:create_engine",
+                 engine_kwargs: dict | None = None, on_stats: StatsCallback | None = None,
+                 on_death: Callable[[str], None] | None = None, stats_interval: float = 0.05,
+                 num_threads: int = 0, start_timeout: float = 600.0):
+        self.cfg = cfg
+        self._factory = factory
+        self._engine_kwargs = dict(engine_kwargs or {})
+        self._on_stats = on_stats
+        self._on_death = on_death
+        self._stats_interval = stats_interval
+        self._num_threads = num_threads
+        self._start_timeout = start_timeout
+        self._lock = threading.Lock()
+        self._callbacks: dict[str, OutputCallback] = {}
+        self._stats = EngineStats()
+        self._ready = False
+        self._stopping = False
+        self._failure: str | None = None
+        self._proc = None
+        self._reader: threading.Thread | None = None
+        self.info: EngineInfo | None = None
+
+    # -- life cycle -----------------------------------------------------------------------
+    def start(self) -> "EngineClient":
+        ctx = mp.get_context("spawn")
+        # The spawn executable is process-wide; set it to an interpreter that can import us.
+        ctx.set_executable(python_executable())
+        self._inbox = ctx.Queue()
+        self._outbox = ctx.Queue()
+        # Not a daemon: the engine may start worker processes of its own. It watches its
+        # parent and exits when the parent is gone.
+        self._proc = ctx.Process(target=_engine_main, name="bullet-engine", daemon=False,
+                                 args=(self.cfg, self._factory, self._engine_kwargs, self._inbox,
+                                       self._outbox, self._stats_interval, self._num_threads))
+        self._proc.start()
+        deadline = time.monotonic() + self._start_timeout
+        while True:
+            try:
+                msg = self._outbox.get(timeout=0.5)
+            except queue.Empty:
+                if not self._proc.is_alive():
+                    raise EngineUnavailable(f"engine process exited during start-up (exit code {self._proc.exitcode})")
+                if time.monotonic() > deadline:
+                    self._kill()
+                    raise EngineUnavailable(f"engine process not ready after {self._start_timeout:.0f} s")
+                continue
+            if msg[0] == "ready":
+                self.info = msg[1]
+                self._stats = self.info.stats
+                break
+            if msg[0] == "fatal":
+                self._proc.join(timeout=10)
+                raise EngineUnavailable(f"engine failed to start:\n{msg[1]}")
+        self._ready = True
+        self._reader = threading.Thread(target=self._read_loop, name="bullet-engine-reader", daemon=True)
+        self._reader.start()
+        if self._on_stats:
+            self._on_stats(self._stats)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    def is_ready(self) -> bool:
+        return self._ready and self._proc is not None and self._proc.is_alive()
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def num_in_flight(self) -> int:
+        with self._lock:
+            return len(self._callbacks)
+
+    # -- requests -------------------------------------------------------------------------
+    def add_request(self, request: NewRequest, callback: OutputCallback) -> None:
+        with self._lock:
+            if not self._ready:
+                raise EngineUnavailable(self._failure or "engine is not running")
+            if request.request_id in self._callbacks:
+                raise ValueError(f"request id {request.request_id!r} is already in flight")
+            self._callbacks[request.request_id] = callback
+        try:
+            self._inbox.put(("add", request))
+        except Exception as e:
+            with self._lock:
+                self._callbacks.pop(request.request_id, None)
+            raise EngineUnavailable(f"cannot reach the engine process: {e}") from e
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            if not self._ready or request_id not in self._callbacks:
+                return
+        try:
+            self._inbox.put(("abort", request_id))
+        except Exception:
+            pass
+
+    # -- reader thread --------------------------------------------------------------------
+    def _dispatch(self, out: RequestOutput) -> None:
+        with self._lock:
+            cb = self._callbacks.pop(out.request_id, None) if out.finished else self._callbacks.get(out.request_id)
+        if cb is None:
+            return
+        try:
+            cb(out)
+        except Exception:
+            log.exception("output callback of request %s failed", out.request_id)
+
+    def _set_stats(self, stats: EngineStats) -> None:
+        self._stats = stats
+        if self._on_stats:
+            try:
+                self._on_stats(stats)
+            except Exception:
+                log.exception("stats callback failed")
+
+    def _handle(self, msg) -> None:
+        if msg[0] == "out":
+            for out in msg[1]:
+                self._dispatch(out)
+            self._set_stats(msg[2])
+        elif msg[0] == "stats":
+            self._set_stats(msg[1])
+        elif msg[0] == "fatal":
+            lines = msg[1].strip().splitlines()
+            self._failure = f"engine failed: {lines[-1] if lines else 'unknown error'}"
+            log.error("engine process failed:\n%s", msg[1])
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                msg = self._outbox.get(timeout=0.2)
+            except queue.Empty:
+                if self._proc.is_alive():
+                    continue
+                # The process is gone: take what it managed to send, then fail the rest.
+                self._drain()
+                break
+            except (EOFError, OSError):
+                break
+            self._handle(msg)
+        with self._lock:
+            self._ready = False
+        self._kill_group()
+        code = self._proc.exitcode
+        if self._stopping:
+            reason = "engine is shutting down"
+        else:
+            reason = self._failure or f"engine process died (exit code {code})"
+            self._failure = reason
+        self._fail_all(reason)
+        if not self._stopping and self._on_death:
+            try:
+                self._on_death(reason)
+            except Exception:
+                log.exception("death callback failed")
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                msg = self._outbox.get(timeout=0.05)
+            except (queue.Empty, EOFError, OSError):
+                return
+            self._handle(msg)
+
+    def _fail_all(self, message: str) -> None:
+        with self._lock:
+            pending = list(self._callbacks.items())
+            self._callbacks.clear()
+        for rid, cb in pending:
+            try:
+                cb(RequestOutput(rid, [], finished=True, finish_reason="error", error=message))
+            except Exception:
+                log.exception("output callback of request %s failed", rid)
+
+    # -- shutdown -------------------------------------------------------------------------
+    def _kill_group(self) -> None:
+        """Kills what is left of the engine's process group (its workers) once it is gone."""
+        info = self.info
+        if info is None or info.pgid != info.pid or self._proc is None or self._proc.is_alive():
+            return
+        try:
+            os.killpg(info.pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(timeout=5)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        if self._proc is None:
+            return
+        self._stopping = True
+        with self._lock:
+            self._ready = False
+        if self._proc.is_alive():
+            try:
+                self._inbox.put(("shutdown",))
+            except Exception:
+                pass
+            self._proc.join(timeout=timeout)
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(timeout=5)
+            self._kill()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        self._kill_group()
+        self._fail_all("engine is shutting down")
+        for q in (getattr(self, "_inbox", None), getattr(self, "_outbox", None)):
+            if q is not None:
+                q.close()
+                q.cancel_join_thread()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Run the test suite with the project's environment (create it first with scripts/setup.sh).
+#   bash scripts/test.sh                         # everything that runs on this machine
+#   bash scripts/test.sh tests/test_triton_server.py -x
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+[ -x .venv/bin/python ] || { echo "test: .venv missing: run bash scripts/setup.sh first" >&2; exit 1; }
+# perf_analyzer (tests/test_triton_server.py) links libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel
+cudart=$(.venv/bin/python -c 'import importlib.util as u, pathlib; s=u.find_spec("nvidia.cuda_runtime"); print(pathlib.Path(list(s.submodule_search_locations)[0], "lib") if s else "")')
+export LD_LIBRARY_PATH="${cudart}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ $# -eq 0 ]; then set -- tests; fi
+exec .venv/bin/python -m pytest -q "$@"

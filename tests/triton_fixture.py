@@ -1,0 +1,334 @@
+"""Starts the real tritonserver (from the nvidia-pytriton wheel) on free ports, serving
+model_repository/ with the embedded default engine, and helpers to talk to it."""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 300
+
+
+def ensure_default_engine() -> Path:
+    from build_engines import DEFAULT_ENGINE_DIR, build_default_engine
+    return build_default_engine(DEFAULT_ENGINE_DIR)
+
+
+@dataclass
+class TritonServer:
+    proc: subprocess.Popen
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log_file: Path
+    model: str = "bullet"
+    _clients: list = field(default_factory=list)
+
+    @property
+    def http_url(self) -> str:
+        return f"localhost:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.grpc_port}"
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            lines = self.log_file.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(line for line in lines if not line.startswith(("|", "+")))[-8000:] if n else ""
+
+    # -- plain HTTP ---------------------------------------------------------------------------
+    def post(self, path: str, body: dict, timeout: float = 60.0) -> tuple[int, bytes]:
+        req = urllib.request.Request(f"http://{self.http_url}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def generate(self, body: dict) -> tuple[int, dict]:
+        status, data = self.post(f"/v2/models/{self.model}/generate", body)
+        return status, json.loads(data)
+
+    def generate_stream(self, body: dict) -> list[dict]:
+        """Server-sent events of /generate_stream, decoded."""
+        status, data = self.post(f"/v2/models/{self.model}/generate_stream", body)
+        events = [json.loads(line[len("data:"):]) for line in data.decode().splitlines()
+                  if line.startswith("data:")]
+        if status != 200 and not events:
+            raise AssertionError(f"generate_stream answered {status}: {data[:500]!r}")
+        return events
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://localhost:{self.metrics_port}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def metric(self, name: str, **labels) -> float:
+        """Sum of the samples of `name` whose labels include `labels`."""
+        total, found = 0.0, False
+        for line in self.metrics_text().splitlines():
+            m = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$", line)
+            if not m or m.group(1) != name:
+                continue
+            got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+            if all(got.get(k) == str(v) for k, v in labels.items()):
+                total += float(m.group(3))
+                found = True
+        if not found:
+            raise KeyError(f"metric {name}{labels or ''} not exposed")
+        return total
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def descendants(self) -> list[tuple[int, int, str]]:
+        """(pid, parent pid, command line) of every process below the server."""
+        children: dict[int, list[int]] = {}
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+        out, todo = [], [self.proc.pid]
+        while todo:
+            parent = todo.pop()
+            for pid in children.get(parent, []):
+                try:
+                    cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+                out.append((pid, parent, cmd))
+                todo.append(pid)
+        return out
+
+    def engine_pids(self) -> list[int]:
+        """The engine process (the stub's multiprocessing child) and any workers it started."""
+        procs = self.descendants()
+        stubs = {pid for pid, _, cmd in procs if "triton_python_backend_stub" in cmd}
+        engines = [pid for pid, ppid, cmd in procs if "spawn_main" in cmd and ppid in stubs]
+        workers = [pid for pid, ppid, cmd in procs if ppid in engines]
+        return engines + workers
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def start_server(tmp_dir: Path, name: str = "server", overrides: dict | None = None) -> TritonServer:
+    """Launches tritonserver and waits until the model is ready (or fails with its log)."""
+    import tritonclient.http as httpclient
+    from bullet_trt.triton import server as srv
+
+    engine_dir = ensure_default_engine()
+    ports = [srv.free_port() for _ in range(3)]
+    while len(set(ports)) < 3:
+        ports = [srv.free_port() for _ in range(3)]
+    log_file = tmp_dir / f"{name}.log"
+    proc = srv.launch(engine_dir=engine_dir, overrides=overrides, log_file=log_file, http_port=ports[0],
+                      grpc_port=ports[1], metrics_port=ports[2])
+    server = TritonServer(proc, *ports, log_file=log_file)
+    client = httpclient.InferenceServerClient(server.http_url)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"tritonserver exited with {proc.returncode} during start-up:\n{server.log_tail()}")
+        try:
+            if client.is_server_ready() and client.is_model_ready(server.model):
+                break
+        except Exception:
+            pass
+        if time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"tritonserver not ready after {START_TIMEOUT_S} s:\n{server.log_tail()}")
+        time.sleep(0.5)
+    client.close()
+    return server
+
+
+# -- gRPC streaming helpers ---------------------------------------------------------------------
+
+NP_TYPES = {"BYTES": np.object_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
+DEFAULT_TYPES = {
+    "text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32", "top_p": "FP32",
+    "top_k": "INT32", "seed": "UINT64", "random_seed": "UINT64", "stop_words": "BYTES", "bad_words": "BYTES",
+    "end_id": "INT32", "pad_id": "INT32", "min_tokens": "INT32", "min_length": "INT32",
+    "exclude_input_in_output": "BOOL", "return_num_input_tokens": "BOOL", "return_num_output_tokens": "BOOL",
+    "return_log_probs": "BOOL",
+}
+
+
+def grpc_inputs(fields: dict, types: dict | None = None, shapes: dict | None = None):
+    """InferInputs with the batch dimension: a scalar becomes [1, 1], a list [1, n]."""
+    import tritonclient.grpc as grpcclient
+
+    out = []
+    for name, value in fields.items():
+        dt = (types or {}).get(name) or DEFAULT_TYPES.get(name, "BYTES")
+        arr = np.array(value if isinstance(value, list) else [value], dtype=NP_TYPES[dt])
+        arr = arr.reshape((shapes or {}).get(name) or (1, -1))
+        i = grpcclient.InferInput(name, list(arr.shape), dt)
+        i.set_data_from_numpy(arr)
+        out.append(i)
+    return out
+
+
+@dataclass
+class StreamResult:
+    pieces: list[str] = field(default_factory=list)
+    responses: list = field(default_factory=list)
+    error: str | None = None
+    final: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+class GrpcStreams:
+    """Many requests over one gRPC bidirectional stream, demultiplexed by request id."""
+
+    def __init__(self, url: str):
+        import tritonclient.grpc as grpcclient
+
+        self.client = grpcclient.InferenceServerClient(url)
+        self.events: dict[str, queue.Queue] = {}
+        self.client.start_stream(callback=self._callback)
+        self._n = 0
+
+    def _callback(self, result, error):
+        if error is not None:
+            rid = self._error_request_id(error)
+            self.events.setdefault(rid, queue.Queue()).put(("error", error))
+        else:
+            rid = result.get_response().id
+            self.events.setdefault(rid, queue.Queue()).put(("result", result))
+
+    @staticmethod
+    def _error_request_id(error) -> str:
+        m = re.search(r"\[request id: ([^\]]*)\]", str(error))
+        return m.group(1) if m else "?"
+
+    def send(self, fields: dict, model: str = "bullet", types=None, shapes=None, raw_inputs=None) -> str:
+        self._n += 1
+        rid = f"t{self._n}"
+        self.events.setdefault(rid, queue.Queue())
+        inputs = raw_inputs if raw_inputs is not None else grpc_inputs(fields, types, shapes)
+        self.client.async_stream_infer(model, inputs, request_id=rid, enable_empty_final_response=True)
+        return rid
+
+    def first(self, rid: str, timeout: float = 60.0):
+        return self._next(rid, timeout)
+
+    def _next(self, rid: str, timeout: float):
+        """The next event of `rid`; errors whose message lacks the request id count too
+        (tests that expect errors send one request at a time)."""
+        deadline = time.monotonic() + timeout
+        queues = [self.events[rid], self.events.setdefault("?", queue.Queue())]
+        while True:
+            for q in queues:
+                try:
+                    return q.get_nowait()
+                except queue.Empty:
+                    pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no response for request {rid} within {timeout} s")
+            time.sleep(0.005)
+
+    def collect(self, rid: str, timeout: float = 120.0) -> StreamResult:
+        res = StreamResult()
+        while True:
+            kind, item = self._next(rid, timeout)
+            if kind == "error":
+                res.error = item.message() if hasattr(item, "message") else str(item)
+                return res
+            res.responses.append(item)
+            out = item.as_numpy("text_output")
+            if out is not None:
+                res.pieces.extend(x.decode("utf-8") for x in out.reshape(-1))
+            params = item.get_response().parameters
+            if "triton_final_response" in params and params["triton_final_response"].bool_param:
+                res.final = True
+                return res
+
+    def close(self, cancel: bool = False):
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+class FakeCore:
+    """An engine for EngineClient tests: one token (the step number) per running request per
+    step; a prompt starting with 666 makes the step raise, one starting with 667 kills the
+    process."""
+
+    def __init__(self, cfg, **kwargs):
+        from bullet_trt.engine.request import EngineStats
+        self._stats_cls = EngineStats
+        self.cfg = cfg
+        self.reqs: dict = {}
+        self.aborted: list[str] = []
+        self.tokens = 0
+
+    def add_request(self, req):
+        if len(req.prompt_token_ids) > self.cfg.max_prompt_len:
+            raise ValueError(f"prompt has {len(req.prompt_token_ids)} tokens; the limit is {self.cfg.max_prompt_len}")
+        self.reqs[req.request_id] = [req, 0]
+
+    def abort_request(self, rid):
+        self.aborted.append(rid)
+
+    def has_unfinished(self):
+        return bool(self.reqs)
+
+    def stats(self):
+        return self._stats_cls(num_waiting=0, num_running=len(self.reqs), kv_blocks_total=10,
+                               kv_blocks_free=10 - len(self.reqs), tokens_generated=self.tokens)
+
+    def step(self):
+        from bullet_trt.engine.request import RequestOutput
+        outs = []
+        for rid in self.aborted:
+            if self.reqs.pop(rid, None) is not None:
+                outs.append(RequestOutput(rid, [], finished=True, finish_reason="abort"))
+        self.aborted.clear()
+        for rid, entry in list(self.reqs.items()):
+            req, n = entry
+            if req.prompt_token_ids[0] == 666:
+                raise RuntimeError("boom: the fake engine failed")
+            if req.prompt_token_ids[0] == 667:
+                os._exit(3)
+            entry[1] = n + 1
+            self.tokens += 1
+            done = entry[1] >= req.params.max_tokens
+            outs.append(RequestOutput(rid, [n], finished=done, finish_reason="length" if done else None,
+                                      num_prompt_tokens=len(req.prompt_token_ids), num_output_tokens=n + 1))
+            if done:
+                del self.reqs[rid]
+        time.sleep(0.002)
+        return outs
