@@ -101,9 +101,10 @@ def cmd_generate(args) -> int:
 # name -> (candidate modules, help). A module provides main(argv) -> int; the arguments after
 # the subcommand go to it unchanged. Modules are imported only when their command runs.
 EXTERNAL = {
-    "bench": (("bullet_trt.bench.cli", "bullet_trt.bench.run"), "load generator and benchmarks against a running server"),
-    "doctor": (("bullet_trt.doctor", "bullet_trt.sm.doctor"), "check the machine: GPU, MPS, SM partitioning"),
+    "bench": (("bullet_trt.bench.cli",), "load generator and benchmarks against a running server"),
+    "doctor": (("bullet_trt.sm.doctor",), "check the machine: GPU, MPS, SM partitioning"),
     "plot": (("bullet_trt.bench.plot", "bullet_trt.bench.plot_iterations"), "plot benchmark / iteration logs"),
+    "demo": (("bullet_trt.triton.demo",), "serve an engine and answer a sample request (default: the embedded model)"),
 }
 
 

@@ -1,0 +1,21 @@
+"""`bullet-trt bench <kind>`: kernels (GPU ceilings and the engine against them), serve (load
+generator against a running server), hf-peer (transformers' continuous batching on the same
+workload)."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+KINDS = {
+    "kernels": "bullet_trt.bench.kernel_bench",
+    "serve": "bullet_trt.bench.serve_bench",
+    "hf-peer": "bullet_trt.bench.hf_peer",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in KINDS:
+        print(f"usage: bullet-trt bench {{{','.join(KINDS)}}} [options]\n{__doc__}", file=sys.stderr)
+        return 2
+    return int(importlib.import_module(KINDS[argv[0]]).main(argv[1:]) or 0)

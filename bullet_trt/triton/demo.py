@@ -1,0 +1,131 @@
+"""`bullet-trt demo`: serve an engine with the real tritonserver and answer a sample request.
+
+Starts tritonserver on the engine (the embedded default unless --engine-dir), waits until the
+model is ready, streams one request over gRPC and prints each piece as it arrives, prints the
+curl command for the same request, and keeps serving until Ctrl-C (or stops at once with
+--exit).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+PROMPT = "Prefill and decode can share one GPU when"
+
+
+def ensure_engine(engine_dir: str | None) -> Path:
+    from bullet_trt.triton import server
+    if engine_dir:
+        return Path(engine_dir)
+    path = server.DEFAULT_ENGINE_DIR
+    if not (path / "engine.yaml").is_file():
+        print(f"demo: building the embedded default engine in {path}", flush=True)
+        sys.path.insert(0, str(server.PROJECT_ROOT))
+        from build_engines import build_default_engine
+        build_default_engine(path)
+    return path
+
+
+def wait_ready(proc, http_url: str, timeout_s: float = 600.0) -> None:
+    import tritonclient.http as httpclient
+    client = httpclient.InferenceServerClient(http_url)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"demo: tritonserver exited with code {proc.returncode}")
+        try:
+            if client.is_model_ready("bullet"):
+                return
+        except Exception:  # noqa: BLE001 - not listening yet
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"demo: the model was not ready within {timeout_s:.0f} s")
+
+
+def stream_request(grpc_url: str, prompt: str, max_tokens: int) -> str:
+    import tritonclient.grpc as grpcclient
+
+    def tensor(name, value, dtype):
+        arr = np.array([[value]], dtype=object if dtype == "BYTES" else None)
+        if dtype != "BYTES":
+            arr = arr.astype({"INT32": np.int32, "BOOL": bool, "UINT64": np.uint64}[dtype])
+        t = grpcclient.InferInput(name, list(arr.shape), dtype)
+        t.set_data_from_numpy(arr)
+        return t
+
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    inputs = [tensor("text_input", prompt.encode(), "BYTES"), tensor("max_tokens", max_tokens, "INT32"),
+              tensor("stream", True, "BOOL"), tensor("seed", 7, "UINT64")]
+    client.async_stream_infer("bullet", inputs, request_id="demo", enable_empty_final_response=True)
+    text = ""
+    print(f"prompt: {prompt!r}\ncompletion (streamed): ", end="", flush=True)
+    while True:
+        result, error = responses.get(timeout=300)
+        if error is not None:
+            raise SystemExit(f"\ndemo: the server answered with an error: {error}")
+        out = result.as_numpy("text_output")
+        if out is not None and out.size:
+            piece = out.reshape(-1)[0].decode("utf-8", "replace")
+            text += piece
+            print(piece, end="", flush=True)
+        final = result.get_response().parameters.get("triton_final_response")
+        if final is not None and final.bool_param:
+            break
+    client.stop_stream()
+    print()
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bullet_trt.triton import server
+    ap = argparse.ArgumentParser(prog="bullet-trt demo", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine-dir")
+    ap.add_argument("--http-port", type=int, default=8000)
+    ap.add_argument("--grpc-port", type=int, default=8001)
+    ap.add_argument("--metrics-port", type=int, default=8002)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--exit", action="store_true", help="stop the server after the sample request")
+    args = ap.parse_args(argv)
+    engine = ensure_engine(args.engine_dir)
+    overrides = dict(kv.split("=", 1) for kv in args.set)
+    log = Path(engine) / "tritonserver.log"
+    proc = server.launch(engine_dir=engine, overrides=overrides, log_file=str(log), http_port=args.http_port,
+                         grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+    try:
+        print(f"demo: tritonserver pid {proc.pid} starting (log {log})", flush=True)
+        wait_ready(proc, f"127.0.0.1:{args.http_port}")
+        stream_request(f"127.0.0.1:{args.grpc_port}", args.prompt, args.max_tokens)
+        body = json.dumps({"text_input": args.prompt, "max_tokens": args.max_tokens, "seed": 7})
+        print(f"\nthe same over HTTP:\n  curl -s -X POST localhost:{args.http_port}/v2/models/bullet/generate "
+              f"-d '{body}'\nmetrics: curl -s localhost:{args.metrics_port}/metrics | grep bullet_", flush=True)
+        if args.exit:
+            return 0
+        print("\ndemo: serving; Ctrl-C stops the server", flush=True)
+        while proc.poll() is None:
+            time.sleep(1)
+        return proc.returncode or 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except Exception:  # noqa: BLE001
+                proc.kill()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
