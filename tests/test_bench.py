@@ -1,0 +1,436 @@
+"""The serving benchmark: datasets, trace files, metrics, the report, the transformers peer's
+replay loop, and one end-to-end run of `bench serve` against the real tritonserver (CPU,
+embedded default engine). No test asserts on wall time."""
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bullet_trt.bench import datasets as ds
+from bullet_trt.bench.metrics import RequestRecord, percentiles, slo_attainment, summarize
+
+# ---------------------------------------------------------------------------------------------
+# datasets
+# ---------------------------------------------------------------------------------------------
+
+# documented targets (bullet_trt/bench/datasets.py, docs/benchmarking.md): sample means, no model cap
+MEAN_RANGES = {
+    "sharegpt": ((145, 180), (310, 365)),
+    "azure-conv": ((1050, 1270), (205, 250)),
+    "azure-code": ((1850, 2200), (26, 33)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEAN_RANGES))
+def test_length_distributions_match_documented_means(name):
+    spec = ds.DATASETS[name]
+    inputs, outputs = ds.sample_lengths(name, 20000, seed=1)
+    (in_lo, in_hi), (out_lo, out_hi) = MEAN_RANGES[name]
+    assert in_lo <= inputs.mean() <= in_hi
+    assert out_lo <= outputs.mean() <= out_hi
+    # medians follow exp(mu) (rounding and clipping aside)
+    assert np.median(inputs) == pytest.approx(spec.input.median, rel=0.06)
+    assert np.median(outputs) == pytest.approx(spec.output.median, rel=0.08)
+    assert inputs.min() >= spec.min_input and inputs.max() <= spec.max_input
+    assert outputs.min() >= spec.min_output and outputs.max() <= spec.max_output
+    # the analytic mean in the table matches the parameters
+    assert spec.input.mean == pytest.approx(math.exp(spec.input.mu + spec.input.sigma ** 2 / 2))
+
+
+def test_lengths_are_reproducible_and_seed_dependent():
+    a = ds.sample_lengths("sharegpt", 500, seed=7)
+    b = ds.sample_lengths("sharegpt", 500, seed=7)
+    c = ds.sample_lengths("sharegpt", 500, seed=8)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not np.array_equal(a[0], c[0])
+
+
+@pytest.mark.parametrize("name", sorted(MEAN_RANGES))
+def test_lengths_fit_the_model(name):
+    inputs, outputs = ds.sample_lengths(name, 3000, seed=0, max_model_len=1024, max_output_tokens=100)
+    assert (inputs + outputs <= 1024).all()
+    assert (outputs >= 1).all() and (outputs <= 100).all()
+    assert (inputs >= min(ds.DATASETS[name].min_input, 1023)).all()
+
+
+def test_poisson_arrivals_rate_and_scaling():
+    t1 = ds.poisson_arrivals(20000, rate=1.0, seed=3)
+    t4 = ds.poisson_arrivals(20000, rate=4.0, seed=3)
+    assert t1[0] == 0.0 and (np.diff(t1) >= 0).all()
+    assert np.diff(t4).mean() == pytest.approx(0.25, rel=0.03)
+    # one seed: the same requests at every rate, compressed in time
+    np.testing.assert_allclose(t4 * 4.0, t1)
+    assert not np.array_equal(ds.poisson_arrivals(100, 1.0, seed=4), t1[:100])
+    with pytest.raises(ValueError, match="rate"):
+        ds.poisson_arrivals(10, 0.0)
+
+
+def test_count_for_duration():
+    n = ds.count_for_duration(30.0, rate=2.0, seed=0)
+    t = ds.poisson_arrivals(n + 1, 2.0, seed=0)
+    assert t[n - 1] <= 30.0 < t[n]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tests.triton_fixture import ensure_default_engine
+    return ds.load_tokenizer(ensure_default_engine())
+
+
+def test_prompts_tokenize_to_the_wanted_length(tokenizer):
+    b = ds.PromptBuilder(tokenizer, seed=0)
+    for n in (2, 5, 17, 100, 513, 1000):
+        text, measured, ids = b.build(n)
+        assert measured == n and len(tokenizer.encode(text)) == n and ids == tokenizer.encode(text)
+    # different requests do not share a prefix
+    assert b.build(50)[0].split()[:3] != b.build(50)[0].split()[:3]
+
+
+def test_prompts_without_a_tokenizer_approximate_with_words():
+    text, measured, ids = ds.PromptBuilder(None, seed=0).build(40)
+    assert len(text.split()) == 40 and measured is None and ids is None
+
+
+def test_workload_is_reproducible(tokenizer):
+    a = ds.build_workload("azure-code", 3.0, 6, seed=5, tokenizer=tokenizer, max_model_len=1024)
+    b = ds.build_workload("azure-code", 3.0, 6, seed=5, tokenizer=tokenizer, max_model_len=1024)
+    assert [(r.arrival_s, r.input_tokens, r.output_tokens, r.prompt) for r in a.requests] == \
+           [(r.arrival_s, r.input_tokens, r.output_tokens, r.prompt) for r in b.requests]
+    assert all(r.prompt_tokens == r.input_tokens for r in a.requests)
+    w = ds.build_workload("sharegpt", 2.0, None, duration_s=20.0, seed=1, prompts=False)
+    assert len(w.requests) == ds.count_for_duration(20.0, 2.0, 1) and w.duration_s <= 20.0
+
+
+# ---------------------------------------------------------------------------------------------
+# trace files
+# ---------------------------------------------------------------------------------------------
+
+def _write(tmp_path, text, name="trace.csv") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_trace_reads_columns_in_any_order_and_shifts_time(tmp_path):
+    p = _write(tmp_path, "# recorded on day 1\ninput_tokens,arrival_time_s,output_tokens,extra\n"
+                         "100,10.5,20,x\n\n200,11.0,5,y\n300,12.5,7,z\n")
+    rows = ds.read_trace(p)
+    assert [(r.arrival_s, r.input_tokens, r.output_tokens) for r in rows] == \
+           [(0.0, 100, 20), (0.5, 200, 5), (2.0, 300, 7)]
+    native = ds.build_workload(f"trace:{p}", None, prompts=False)
+    assert [r.arrival_s for r in native.requests] == [0.0, 0.5, 2.0] and native.rate == pytest.approx(1.0)
+    fast = ds.build_workload(f"trace:{p}", 4.0, prompts=False)  # rescaled: mean rate 4 req/s
+    assert [r.arrival_s for r in fast.requests] == pytest.approx([0.0, 0.125, 0.5])
+    capped = ds.build_workload(f"trace:{p}", None, max_model_len=256, max_output_tokens=6, prompts=False)
+    assert [(r.input_tokens, r.output_tokens) for r in capped.requests] == [(100, 6), (200, 5), (250, 6)]
+    out = ds.write_trace(tmp_path / "round.csv", native.requests)
+    assert [(r.arrival_s, r.input_tokens) for r in ds.read_trace(out)] == [(0.0, 100), (0.5, 200), (2.0, 300)]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("", r"empty file"),
+    ("arrival_time_s,input_tokens\n0,1\n", r":1: header lacks column\(s\) output_tokens"),
+    ("0,10,20\n1,10,20\n", r":1: header lacks column\(s\) arrival_time_s, input_tokens, output_tokens"),
+    ("arrival_time_s,input_tokens,output_tokens\n0,10,20\n1,ten,20\n", r":3: column 'input_tokens' must be a whole number, got 'ten'"),
+    ("arrival_time_s,input_tokens,output_tokens\n0,10,2.5\n", r":2: column 'output_tokens' must be a whole number"),
+    ("arrival_time_s,input_tokens,output_tokens\n0,10,0\n", r":2: column 'output_tokens' must be >= 1"),
+    ("arrival_time_s,input_tokens,output_tokens\n-1,10,3\n", r":2: column 'arrival_time_s' must be a non-negative"),
+    ("arrival_time_s,input_tokens,output_tokens\n0,10,3\n2,10,3\n1,10,3\n", r":4: column 'arrival_time_s' goes back in time"),
+    ("arrival_time_s,input_tokens,output_tokens\n0,10\n", r":2: column 'output_tokens' is missing"),
+    ("arrival_time_s,input_tokens,output_tokens\n", r"no requests after the header"),
+])
+def test_trace_errors_name_line_and_column(tmp_path, text, match):
+    p = _write(tmp_path, text)
+    with pytest.raises(ds.TraceError, match=match) as e:
+        ds.read_trace(p)
+    assert str(p) in str(e.value)
+
+
+def test_trace_missing_file(tmp_path):
+    with pytest.raises(ds.TraceError, match="not found"):
+        ds.read_trace(tmp_path / "nope.csv")
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics
+# ---------------------------------------------------------------------------------------------
+
+def rec(index, sent, times, tokens=None, end=None, error=None, finished=True) -> RequestRecord:
+    tokens = tokens or [1] * len(times)
+    return RequestRecord(index, sent, 10, sum(tokens), sent_s=sent, chunk_times=list(times),
+                         chunk_tokens=list(tokens), end_s=end if end is not None else (times[-1] if times else None),
+                         num_input_tokens=10, error=error, finished=finished and error is None)
+
+
+def test_per_request_metrics_exact():
+    r = rec(0, 1.0, [1.5, 1.75, 2.0, 2.25, 2.5])  # binary fractions: exact comparisons below
+    assert r.ttft == 0.5 and r.tpot == 0.25 and r.itls == [0.25] * 4 and r.e2e == 1.5
+    # a chunk of two tokens: TPOT counts tokens, ITL counts chunks
+    r2 = rec(1, 0.0, [0.2, 0.3, 0.5], [1, 2, 1])
+    assert r2.num_output_tokens == 4 and r2.tpot == pytest.approx(0.1) and r2.itls == pytest.approx([0.1, 0.2])
+    # an empty (e.g. final-only) response does not count as the first token
+    r3 = rec(2, 0.0, [0.1, 0.4, 0.6], [0, 1, 1])
+    assert r3.ttft == pytest.approx(0.4) and r3.tpot == pytest.approx(0.2) and r3.itls == pytest.approx([0.2])
+    one = rec(3, 0.0, [0.3])
+    assert one.tpot is None and one.itls == [] and one.meets_slo(0.5, 0.01)
+    assert r.meets_slo(0.5, 0.25) and not r.meets_slo(0.49, 0.25) and not r.meets_slo(0.5, 0.24)
+    failed = rec(4, 0.0, [0.1, 0.2], error="boom")
+    assert not failed.ok and not failed.meets_slo(10, 10)
+
+
+def test_percentiles_exact():
+    p = percentiles([4.0, 1.0, 3.0, 2.0, None])
+    assert p == {"n": 4, "mean": 2.5, "p50": 2.5, "p90": pytest.approx(3.7), "p99": pytest.approx(3.97)}
+    assert percentiles([]) == {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+
+
+def test_summary_throughput_attainment_goodput():
+    records = [
+        rec(0, 0.0, [0.5, 0.6, 0.7]),                  # TTFT 0.5, TPOT 0.1: meets (1.0, 0.1)
+        rec(1, 1.0, [3.0, 3.1]),                       # TTFT 2.0: misses TTFT
+        rec(2, 2.0, [2.2, 2.6, 3.0]),                  # TPOT 0.4: misses TPOT
+        rec(3, 3.0, [3.1], end=4.0),                   # 1 token: meets
+        rec(4, 3.5, [], error="server error", finished=False),  # failed: a miss
+    ]
+    s = summarize(records, ttft_slo_s=1.0, tpot_slo_s=0.1)
+    assert s.num_requests == 5 and s.completed == 4 and s.failed == 1
+    assert s.duration_s == pytest.approx(4.0)  # first send 0.0 .. last end 4.0
+    assert s.request_throughput == pytest.approx(1.0)
+    assert s.total_output_tokens == 9 and s.output_token_throughput == pytest.approx(9 / 4)
+    assert s.total_input_tokens == 40
+    assert s.slo_met == 2 and s.slo_attainment == pytest.approx(0.4) and s.goodput == pytest.approx(0.5)
+    assert s.ttft_s["p50"] == pytest.approx(np.percentile([0.5, 2.0, 0.2, 0.1], 50))
+    assert s.tpot_s["n"] == 3 and s.tpot_s["mean"] == pytest.approx((0.1 + 0.1 + 0.4) / 3)
+    assert s.itl_s["n"] == 5  # 2 + 1 + 2 gaps
+    assert s.errors == {"server error": 1}
+    assert slo_attainment([0.5, 2.0, None], [0.1, None, None], 1.0, 0.1, [True, True, False]) == pytest.approx(1 / 3)
+
+
+def test_record_json_round_trip():
+    r = rec(7, 0.5, [0.75, 1.0], [1, 3])
+    d = r.to_json(token_times=True)
+    back = RequestRecord.from_json(d)
+    assert back.ttft == pytest.approx(r.ttft) and back.tpot == pytest.approx(r.tpot)
+    assert d["ttft_s"] == 0.25 and d["tpot_s"] == pytest.approx(0.25 / 3, abs=1e-6) and d["num_chunks"] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# report: JSON per run, summary.md, plots, --compare re-scoring
+# ---------------------------------------------------------------------------------------------
+
+def _fake_run(out_dir, label, rate, ttft):
+    from bullet_trt.bench.serve_bench import write_result
+    w = ds.build_workload("sharegpt", rate, 4, seed=0, prompts=False)
+    records = [rec(i, r.arrival_s, [r.arrival_s + ttft + 0.01 * k for k in range(3)]) for i, r in enumerate(w.requests)]
+    return write_result(out_dir, label=label, dataset="sharegpt", rate=rate, seed=0, backend="test",
+                        records=records, workload=w, ttft_slo_ms=100.0, tpot_slo_ms=50.0)
+
+
+def test_report_table_plots_and_compare(tmp_path, capsys):
+    from bullet_trt.bench import serve_bench
+    _fake_run(tmp_path, "chunked", 1.0, 0.05)
+    _fake_run(tmp_path, "chunked", 2.0, 0.2)
+    _, doc = _fake_run(tmp_path, "bullet", 1.0, 0.05)
+    assert doc["summary"]["slo_attainment"] == 1.0
+    (tmp_path / "unrelated.json").write_text('{"hello": 1}')
+    assert serve_bench.main(["--compare", str(tmp_path)]) == 0
+    md = (tmp_path / "summary.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "label" not in line]
+    assert len(rows) == 3 and rows[0].startswith("| bullet | sharegpt | 1 | 4/4")
+    assert "| chunked | sharegpt | 2 | 4/4" in md and "| 0.0% |" in md  # TTFT 200 ms > 100 ms
+    for png in ("slo_attainment_sharegpt.png", "latency_cdf_sharegpt_rate1.png", "latency_cdf_sharegpt_rate2.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+    # re-scored with a looser TTFT SLO, from the per-request values in the JSON
+    assert serve_bench.main(["--compare", str(tmp_path), "--ttft-slo-ms", "500", "--no-plots"]) == 0
+    md = (tmp_path / "summary.md").read_text()
+    assert "TTFT <= 500 ms" in md and "| 0.0% |" not in md
+
+
+def test_rates_parsing():
+    from bullet_trt.bench.serve_bench import parse_rates
+    assert parse_rates("1, 2,4.5") == [1.0, 2.0, 4.5]
+    assert parse_rates(None) == [None] and parse_rates("native,2") == [None, 2.0]
+    with pytest.raises(SystemExit, match="> 0"):
+        parse_rates("1,0")
+    with pytest.raises(SystemExit, match="req/s"):
+        parse_rates("fast")
+
+
+# ---------------------------------------------------------------------------------------------
+# the transformers peer's replay loop (a fake manager: no model)
+# ---------------------------------------------------------------------------------------------
+
+class FakeManager:
+    """add_request / get_result like transformers' ContinuousBatchingManager; each request
+    produces its tokens 1 ms apart on a background thread."""
+
+    def __init__(self, timestamps: bool):
+        import queue
+        self.q = queue.Queue()
+        self.timestamps = timestamps
+        self.added = []
+
+    def _gen(self, rid, n, streaming, record):
+        from types import SimpleNamespace
+        toks, stamps = [], []
+        for i in range(n):
+            time.sleep(0.001)
+            toks.append(i)
+            stamps.append(time.perf_counter())
+            last = i == n - 1
+            if streaming or last:
+                self.q.put(SimpleNamespace(request_id=rid, generated_tokens=list(toks), error=None,
+                                           timestamps=list(stamps) if record else None,
+                                           is_finished=lambda last=last: last))
+
+    def get_result(self, request_id=None, timeout=None):
+        import queue
+        try:
+            return self.q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
+class FakeManagerTS(FakeManager):
+    def add_request(self, input_ids, request_id=None, max_new_tokens=None, streaming=False,
+                    record_timestamps=False, eos_token_id=None):
+        self.added.append((request_id, len(input_ids), max_new_tokens, eos_token_id))
+        threading.Thread(target=self._gen, args=(request_id, max_new_tokens, streaming, record_timestamps)).start()
+        return request_id
+
+
+class FakeManagerStream(FakeManager):
+    def add_request(self, input_ids, request_id=None, max_new_tokens=None, streaming=False):
+        self.added.append((request_id, len(input_ids), max_new_tokens, None))
+        threading.Thread(target=self._gen, args=(request_id, max_new_tokens, streaming, False)).start()
+        return request_id
+
+
+@pytest.mark.parametrize("cls", [FakeManagerTS, FakeManagerStream])
+def test_peer_runner_replays_open_loop(cls):
+    from bullet_trt.bench.hf_peer import PeerRunner
+    w = ds.build_workload("azure-code", 200.0, 6, seed=0, prompts=False, max_output_tokens=5)
+    for r in w.requests:
+        r.prompt_ids = list(range(r.input_tokens))
+    mgr = cls(timestamps=cls is FakeManagerTS)
+    runner = PeerRunner(mgr)
+    assert runner.timestamps == (cls is FakeManagerTS)
+    records, stopped = runner.run(w.requests, timeout_s=60, drain_timeout_s=60)
+    assert stopped is None
+    assert [a[2] for a in mgr.added] == [r.output_tokens for r in w.requests]
+    if cls is FakeManagerTS:
+        assert all(a[3] == -1 for a in mgr.added)  # end tokens disabled: exact output lengths
+    for rec_, req in zip(records, w.requests):
+        assert rec_.ok and rec_.num_output_tokens == req.output_tokens
+        assert rec_.num_input_tokens == req.input_tokens
+        assert rec_.sent_s >= req.arrival_s and rec_.ttft > 0
+        assert rec_.tpot is None or rec_.tpot > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# end to end: `bench serve` against the real tritonserver
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from tests.triton_fixture import start_server
+    srv = start_server(tmp_path_factory.mktemp("bench-triton"))
+    yield srv
+    srv.stop()
+
+
+def test_serve_bench_end_to_end(server, tmp_path, capsys):
+    from bullet_trt.bench import serve_bench
+    from tests.triton_fixture import ensure_default_engine
+    out = tmp_path / "results"
+    rc = serve_bench.main(["--url", server.grpc_url, "--engine-dir", str(ensure_default_engine()),
+                           "--dataset", "sharegpt", "--rates", "50", "--num-requests", "8", "--seed", "3",
+                           "--max-output-tokens", "4", "--label", "chunked", "--warmup", "1",
+                           "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "chunked__sharegpt__rate50.json").read_text())
+    s = doc["summary"]
+    assert s["num_requests"] == 8 and s["completed"] == 8 and s["failed"] == 0, s["errors"]
+    assert doc["stopped_early"] is None
+    for r in doc["requests"]:
+        assert r["finished"] and r["error"] is None
+        assert r["num_output_tokens"] == r["max_tokens"] <= 4  # min_tokens = max_tokens
+        assert r["num_input_tokens"] == r["input_tokens"]  # prompts sized with the engine's tokenizer
+        assert r["ttft_s"] > 0 and r["e2e_s"] >= r["ttft_s"]
+    assert s["total_output_tokens"] == sum(r["max_tokens"] for r in doc["requests"])
+    assert s["ttft_s"]["n"] == 8 and s["request_throughput"] > 0
+    md = (out / "summary.md").read_text()
+    assert "| chunked | sharegpt | 50 | 8/8 |" in md
+    assert (out / "slo_attainment_sharegpt.png").stat().st_size > 1000
+    assert (out / "latency_cdf_sharegpt_rate50.png").stat().st_size > 1000
+    printed = capsys.readouterr()
+    assert "chunked sharegpt 50 req/s: 8/8 done" in printed.out
+    assert "sent 8/8" in printed.err  # the progress line
+
+
+def test_serve_bench_trace_replay_and_bounded_drain(server, tmp_path):
+    """A trace replayed at its own timing; requests still running at the drain timeout are
+    cancelled and recorded as errors, and the run still writes its results."""
+    from bullet_trt.bench import serve_bench
+    from tests.triton_fixture import ensure_default_engine
+    trace = _write(tmp_path, "arrival_time_s,input_tokens,output_tokens\n0.0,20,3\n0.05,30,3\n0.1,40,900\n")
+    out = tmp_path / "results"
+    rc = serve_bench.main(["--url", server.grpc_url, "--engine-dir", str(ensure_default_engine()),
+                           "--dataset", f"trace:{trace}", "--label", "t", "--warmup", "0", "--no-progress",
+                           "--drain-timeout-s", "0.5", "--no-plots", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "t__trace-trace__rate20.json").read_text())
+    reqs = doc["requests"]
+    assert [r["finished"] for r in reqs] == [True, True, False]
+    assert [r["num_input_tokens"] for r in reqs[:2]] == [20, 30]
+    assert "no final response" in reqs[2]["error"] and "drain_timeout_s" in doc["stopped_early"]
+    assert doc["summary"]["failed"] == 1 and doc["summary"]["slo_attainment"] <= 2 / 3
+    # the server is still fine afterwards
+    from tests.triton_fixture import GrpcStreams
+    streams = GrpcStreams(server.grpc_url)
+    try:
+        res = streams.collect(streams.send({"text_input": "hello", "max_tokens": 2, "stream": True}))
+        assert res.error is None and res.final
+    finally:
+        streams.close()
+
+
+def test_hf_peer_replays_the_workload_on_cpu(tmp_path):
+    from bullet_trt.bench import hf_peer
+    from tests.triton_fixture import ensure_default_engine
+    out = tmp_path / "results"
+    rc = hf_peer.main(["--engine-dir", str(ensure_default_engine()), "--dataset", "sharegpt", "--rates", "50",
+                       "--num-requests", "6", "--max-output-tokens", "4", "--seed", "3", "--warmup", "1",
+                       "--cb", "num_blocks=64", "--cb", "max_batch_tokens=1024", "--no-progress", "--no-plots",
+                       "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "hf-cb__sharegpt__rate50.json").read_text())
+    assert doc["backend"] == "transformers-continuous-batching" and doc["notes"]
+    assert doc["summary"]["completed"] == 6
+    # the same requests `bench serve` sends (same dataset, seed and caps)
+    w = ds.build_workload("sharegpt", 50.0, 6, seed=3, max_model_len=1024, max_output_tokens=4, prompts=False)
+    assert [(r["input_tokens"], r["max_tokens"], r["scheduled_s"]) for r in doc["requests"]] == \
+           [(q.input_tokens, q.output_tokens, round(q.arrival_s, 6)) for q in w.requests]
+    for r in doc["requests"]:
+        assert r["num_output_tokens"] == r["max_tokens"] and r["ttft_s"] > 0
+
+
+def test_serve_bench_starts_a_server_per_mode(tmp_path):
+    from bullet_trt.bench import serve_bench
+    out = tmp_path / "results"
+    rc = serve_bench.main(["--start-server", "--modes", "chunked", "--dataset", "azure-code", "--rates", "20",
+                           "--num-requests", "4", "--max-output-tokens", "3", "--warmup", "1", "--no-progress",
+                           "--no-plots", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "chunked__azure-code__rate20.json").read_text())
+    assert doc["overrides"] == {"serve.mode": "chunked"} and doc["summary"]["completed"] == 4
+    assert (out / "server_chunked.log").is_file()
+    with pytest.raises(SystemExit, match="mode static: serve.static_prefill_sms"):
+        serve_bench.main(["--start-server", "--modes", "static", "--dataset", "sharegpt", "--rates", "1",
+                          "--out", str(out)])
