@@ -42,8 +42,9 @@ class EngineCore:
         if executor == "local":
             # One session runs both phases: decode-only steps replay the decode profile's graphs.
             profile = dataclasses.replace(cfg.prefill, cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes)
-            self.executor: Executor = LocalExecutor(
-                TorchSession(model, self.state.kv_pool, self.state.block_size, profile))
+            session = TorchSession(model, self.state.kv_pool, self.state.block_size, profile)
+            session.warm_up()
+            self.executor: Executor = LocalExecutor(session)
         elif executor == "none":  # a subclass drives its own workers
             del model
         elif executor == "workers":

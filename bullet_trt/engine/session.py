@@ -69,6 +69,20 @@ class TorchSession(EngineSession):
             self.graphs = DecodeGraphs(model, kv_pool, block_size, profile.cuda_graph_batch_sizes,
                                        profile.max_model_len)
 
+    def warm_up(self) -> None:
+        """Compiles the GPU kernels before the first request (Triton compiles on first use,
+        seconds per kernel) with a throwaway prefill and decode step. Call it only before
+        any request holds KV blocks: it writes into the first blocks of the pool."""
+        if self.device.type != "cuda":
+            return
+        from bullet_trt.engine.sampling import SamplingParams
+        n = min(64, self.profile.max_model_len - 1)
+        table = list(range(-(-(n + 1) // self.block_size)))
+        greedy = SamplingParams(temperature=0.0, max_tokens=1)
+        self.run([BatchItem("warm-up", [1] * n, 0, table, greedy, True)])
+        self.run([BatchItem("warm-up", [1], n, table, greedy, True, output_index=1)])
+        torch.cuda.synchronize(self.device)
+
     def _graph_logits(self, items: list[BatchItem]) -> torch.Tensor | None:
         if self.graphs is None or not all(len(it.input_token_ids) == 1 and it.sample for it in items):
             return None

@@ -39,6 +39,9 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
                                 prefill_sms=splits[0] if partitioner_kind == "mps" and splits else None)
         part.prepare(name, splits)
         set_num_sms = _kernel_sm_hook(device)
+        # Workers start one after the other (the parent waits for "ready"), so each warm-up
+        # has the still-empty pool to itself.
+        session.warm_up()
         outbox.put((name, "ready", {"pid": os.getpid(), "partitions": part.describe()}))
     except Exception:
         outbox.put((name, "error", traceback.format_exc()))

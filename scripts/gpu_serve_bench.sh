@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The serving comparison on a GPU: tritonserver started once per mode (chunked, bullet,
+# static) on a dummy-weight Llama-3.1-8B engine, an open-loop Poisson sweep over gRPC
+# streaming per mode, then the table and plots (bullet-trt bench serve --start-server).
+# tritonserver and tritonclient come from carried archives (.whl/), numpy 1.26 for the stub.
+# Usage: OUT=<dir> RATES=6,12,18 NUM=120 DATASET=sharegpt bash scripts/gpu_serve_bench.sh
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/bullet-gpu}
+mkdir -p "$out" /tmp/site
+tar xzf .whl/triton_min.tar.gz -C /tmp/site && tar xzf .whl/tritonclient_py.tar.gz -C /tmp/site || exit 1
+base_site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+[ -x /tmp/venv/bin/python ] || python3 -m venv --without-pip /tmp/venv || exit 1
+venv_site=$(/tmp/venv/bin/python -c 'import site; print(site.getsitepackages()[0])')
+python3 -m pip install -q --no-index --no-deps --upgrade --target "$venv_site" .whl/numpy-1.26*.whl || exit 1
+echo "$base_site" > "$venv_site/zz_machine_packages.pth"
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+mps_env=$(timeout 15 bash scripts/start_mps.sh) && eval "$mps_env"
+trap 'KILL_MPS_TIMEOUT=10 timeout 15 bash scripts/kill_mps.sh >/dev/null' EXIT
+engine=${ENGINE:-/tmp/engines/llama-3.1-8b}
+[ -f "$engine/engine.yaml" ] || python3 build_engines.py --dummy-weights --arch llama-3.1-8b --out "$engine" --max-model-len 4096
+cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$engine/perf_model.yaml"
+/tmp/venv/bin/python -m bullet_trt.bench.serve_bench --start-server --engine-dir "$engine" \
+  --modes ${MODES:-chunked,bullet,static} --set serve.static_prefill_sms=${STATIC_SMS:-64} \
+  --dataset ${DATASET:-sharegpt} --rates ${RATES:-6,12,18} --num-requests ${NUM:-120} \
+  --ttft-slo-ms 1000 --tpot-slo-ms 50 --out "$out/serve" --no-progress ${EXTRA:-} 2>&1 | tail -60
+cat "$out/serve/summary.md" 2>/dev/null
+tar czf "$out/serve_results.tar.gz" -C "$out" serve && rm -rf "$out/serve"
