@@ -12,7 +12,7 @@ tar xzf .whl/triton_min.tar.gz -C /tmp/site && tar xzf .whl/tritonclient_py.tar.
 base_site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
 [ -x /tmp/venv/bin/python ] || python3 -m venv --without-pip /tmp/venv || exit 1
 venv_site=$(/tmp/venv/bin/python -c 'import site; print(site.getsitepackages()[0])')
-python3 -m pip install -q --no-index --no-deps --upgrade --target "$venv_site" .whl/numpy-1.26*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --upgrade --target "$venv_site" .whl/numpy-1.26*.whl .whl/python_rapidjson-*.whl || exit 1
 echo "$base_site" > "$venv_site/zz_machine_packages.pth"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
