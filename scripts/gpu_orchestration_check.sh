@@ -8,7 +8,7 @@ out=${OUT:-/tmp/bullet-gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
-mps_env=$(timeout 15 bash scripts/start_mps.sh) && eval "$mps_env"
+mps_env=$(timeout 30 bash scripts/start_mps.sh) && eval "$mps_env" || { echo "MPS daemon did not start"; exit 1; }
 trap 'KILL_MPS_TIMEOUT=10 timeout 15 bash scripts/kill_mps.sh >/dev/null' EXIT
 engine=${ENGINE:-/tmp/engines/llama-3.1-8b}
 [ -f "$engine/engine.yaml" ] || python3 build_engines.py --dummy-weights --arch llama-3.1-8b --out "$engine" --max-model-len 4096

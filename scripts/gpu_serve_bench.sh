@@ -16,14 +16,14 @@ python3 -m pip install -q --no-index --no-deps --upgrade --target "$venv_site" .
 echo "$base_site" > "$venv_site/zz_machine_packages.pth"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
-mps_env=$(timeout 15 bash scripts/start_mps.sh) && eval "$mps_env"
+mps_env=$(timeout 30 bash scripts/start_mps.sh) && eval "$mps_env" || { echo "MPS daemon did not start"; exit 1; }
 trap 'KILL_MPS_TIMEOUT=10 timeout 15 bash scripts/kill_mps.sh >/dev/null' EXIT
 engine=${ENGINE:-/tmp/engines/llama-3.1-8b}
 [ -f "$engine/engine.yaml" ] || python3 build_engines.py --dummy-weights --arch llama-3.1-8b --out "$engine" --max-model-len 4096
 cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$engine/perf_model.yaml"
 /tmp/venv/bin/python -m bullet_trt.bench.serve_bench --start-server --engine-dir "$engine" \
   --modes ${MODES:-chunked,bullet,static} --set serve.static_prefill_sms=${STATIC_SMS:-64} \
-  --dataset ${DATASET:-sharegpt} --rates ${RATES:-6,12,18} --num-requests ${NUM:-120} \
+  --dataset ${DATASET:-sharegpt} --rates ${RATES:-12,18,24,30} ${LOAD:---duration 12} \
   --ttft-slo-ms 1000 --tpot-slo-ms 50 --out "$out/serve" --no-progress ${EXTRA:-} 2>&1 | tail -60
 cat "$out/serve/summary.md" 2>/dev/null
 tar czf "$out/serve_results.tar.gz" -C "$out" serve && rm -rf "$out/serve"

@@ -21,7 +21,7 @@ echo "$base_site" > "$venv_site/zz_machine_packages.pth"
 /tmp/venv/bin/python -c 'import numpy, torch, yaml; print("server env: numpy", numpy.__version__, "torch", torch.__version__)' || exit 1
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
-mps_env=$(timeout 15 bash scripts/start_mps.sh) && eval "$mps_env"
+mps_env=$(timeout 30 bash scripts/start_mps.sh) && eval "$mps_env" || { echo "MPS daemon did not start"; exit 1; }
 engine=${ENGINE:-/tmp/engines/llama-3.1-8b}
 [ -f "$engine/engine.yaml" ] || python3 build_engines.py --dummy-weights --arch llama-3.1-8b --out "$engine" --max-model-len 4096
 cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$engine/perf_model.yaml"

@@ -40,9 +40,22 @@ if ! mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"; then
   exit 1
 fi
 if ! nvidia-cuda-mps-control -d; then
-  say "nvidia-cuda-mps-control -d failed; log:"
-  tail -n 20 "$CUDA_MPS_LOG_DIRECTORY/control.log" >&2 2>/dev/null
-  exit 1
+  # "An instance of this daemon is already running": a daemon that is still starting, or
+  # one being stopped by kill_mps.sh a moment ago; give it time to answer or to go away.
+  for _ in $(seq 1 50); do
+    if answers; then
+      say "MPS daemon already running (pipe directory $CUDA_MPS_PIPE_DIRECTORY)"
+      print_env
+      exit 0
+    fi
+    sleep 0.2
+    nvidia-cuda-mps-control -d 2>/dev/null && break
+  done
+  if ! answers; then
+    say "nvidia-cuda-mps-control -d failed; log:"
+    tail -n 20 "$CUDA_MPS_LOG_DIRECTORY/control.log" >&2 2>/dev/null
+    exit 1
+  fi
 fi
 for _ in $(seq 1 50); do
   if answers; then
