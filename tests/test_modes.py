@@ -3,6 +3,7 @@ modes leave a per-iteration record that the plot command draws."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +79,37 @@ def test_bad_split_configuration_is_a_startup_error(llama_engine):
         LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.tpot_slo_ms": 0})
     with pytest.raises((ValueError, RuntimeError), match="serve.partitioner"):
         LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.partitioner": "green"})
+
+
+def test_workers_exit_when_the_orchestrator_dies(llama_engine, tmp_path):
+    """An orchestrator that dies without closing (a crash, SIGKILL) leaves no worker behind."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "orphan.py"
+    script.write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+        "from bullet_trt.engine.llm import LLM\n"
+        "if __name__ == '__main__':\n"
+        f"    llm = LLM({str(llama_engine)!r}, executor='serve', **{{'serve.mode': 'bullet'}})\n"
+        "    print(llm.engine.prefill.pid, llm.engine.decode.pid, flush=True)\n"
+        "    os._exit(0)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2, out.stderr
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        with open(f"/proc/{pid}/stat") as f:  # a zombie waits only for its reaper
+            return f.read().split()[2] != "Z"
+
+    deadline = time.monotonic() + 60
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(alive(p) for p in pids), "worker processes outlived their orchestrator"

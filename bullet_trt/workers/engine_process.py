@@ -174,6 +174,9 @@ def _engine_loop(core, inbox, outbox, stats_interval: float, parent) -> None:
         if parent is not None and time.monotonic() - last_parent_check >= 1.0:
             last_parent_check = time.monotonic()
             if not parent.is_alive():  # nobody is left to read our outputs
+                # Unread outputs fill the pipe; without this the queue's feeder thread would
+                # block the interpreter's exit forever.
+                outbox.cancel_join_thread()
                 return
         rejected = []
         while msg is not None:

@@ -46,8 +46,15 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
     except Exception:
         outbox.put((name, "error", traceback.format_exc()))
         return
+    parent = mp.parent_process()
     while True:
-        msg = inbox.get()
+        try:
+            msg = inbox.get(timeout=1.0)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():  # orphaned: free the GPU
+                outbox.cancel_join_thread()
+                return
+            continue
         if msg[0] == "stop":
             return
         _, items, prefill_sms = msg
