@@ -66,8 +66,34 @@ def cmd_serve(args) -> int:
           f"metrics :{args.metrics_port}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(cmd[0], cmd, env)  # tritonserver takes over this process (signals reach it directly)
-    return 0  # not reached
+    if not args.start_mps:
+        os.execve(cmd[0], cmd, env)  # tritonserver takes over this process (signals reach it directly)
+    return _serve_with_own_mps(cmd, env)
+
+
+def _serve_with_own_mps(cmd: list[str], env: dict[str, str]) -> int:
+    """Runs tritonserver as a child between starting and stopping a private MPS daemon, so
+    that the spatial modes' workers are MPS clients (without MPS two processes only
+    time-slice the GPU)."""
+    import signal
+    import subprocess
+
+    from bullet_trt.sm.mps import start_mps_daemon, stop_mps_daemon
+
+    mps_env = start_mps_daemon()
+    env = {**env, **mps_env}
+    print(f"bullet-trt: MPS daemon at {mps_env['CUDA_MPS_PIPE_DIRECTORY']}", file=sys.stderr)
+    proc = subprocess.Popen(cmd, env=env)
+    forward = lambda signum, _frame: proc.send_signal(signum)  # noqa: E731
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    try:
+        return proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stop_mps_daemon(mps_env["CUDA_MPS_PIPE_DIRECTORY"])
 
 
 # -- generate (offline) -----------------------------------------------------------------------
@@ -148,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not use --model-control-mode=explicit (the model then cannot unload itself "
                         "when its engine dies)")
     s.add_argument("--dry-run", action="store_true", help="print the environment and command, do not start")
+    s.add_argument("--start-mps", action="store_true",
+                   help="start a private MPS daemon for the spatial modes' workers and stop it on exit")
     s.add_argument("tritonserver_args", nargs=argparse.REMAINDER, help="-- then extra tritonserver flags")
     s.set_defaults(func=cmd_serve)
 

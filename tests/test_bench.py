@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -434,3 +436,36 @@ def test_serve_bench_starts_a_server_per_mode(tmp_path):
     with pytest.raises(SystemExit, match="mode static: serve.static_prefill_sms"):
         serve_bench.main(["--start-server", "--modes", "static", "--dataset", "sharegpt", "--rates", "1",
                           "--out", str(out)])
+
+
+def test_loadgen_ends_the_run_when_the_server_goes_away(tmp_path, tokenizer):
+    """A broken gRPC stream fails the requests in flight at once (no wait for the drain
+    timeout); unsent requests are recorded as not sent."""
+    from bullet_trt.bench.loadgen import LoadGenerator, LoadGenOptions
+    from tests.triton_fixture import start_server
+    srv = start_server(tmp_path, name="doomed")
+    engine_pids = srv.engine_pids()  # the engine runs in a process group of its own
+    try:
+        w = ds.build_workload("sharegpt", 4.0, 40, seed=0, tokenizer=tokenizer, max_model_len=1024)
+        gen = LoadGenerator(srv.grpc_url, LoadGenOptions(drain_timeout_s=3600, timeout_s=3600))
+
+        def crash():  # like a crash: no graceful drain of the requests in flight
+            os.killpg(srv.proc.pid, signal.SIGKILL)
+
+        threading.Timer(1.0, crash).start()
+        res = gen.run(w.requests)
+    finally:
+        srv.stop()
+        # This test is about the client: do not leave the crashed server's engine behind
+        # (it is meant to notice its parent's death; this test does not wait for that).
+        for pid in engine_pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert res.stopped_early and "gRPC stream failed" in res.stopped_early
+    assert not any(r.ok for r in res.records[-5:])  # the last ones arrive ~9 s in, after the server died
+    for r in res.records:
+        assert r.ok or r.error  # every request ends: finished, failed, or not sent
+    unsent = [r for r in res.records if r.sent_s is None]
+    assert unsent and all(r.error.startswith("not sent") for r in unsent)

@@ -548,3 +548,48 @@ def test_engine_death_errors_in_flight_and_model_goes_not_ready(tmp_path_factory
         http.close()
     finally:
         srv.stop()
+
+
+MODE_PROMPTS = ["Spatial sharing of one GPU", "The decode phase reads every weight", "Ab"]
+
+
+def greedy_texts(srv) -> list[str]:
+    texts = []
+    for prompt in MODE_PROMPTS:
+        status, body = srv.generate({"text_input": prompt, "max_tokens": 12, "min_tokens": 12})
+        assert status == 200, body
+        texts.append(body["text_output"])
+    return texts
+
+
+@pytest.mark.parametrize("mode", ["bullet", "static"])
+def test_modes_serve_identical_greedy_outputs(server, tmp_path_factory, mode):
+    """Both spatial modes (prefill and decode worker processes behind the real tritonserver)
+    answer exactly what the chunked-prefill default answers; in bullet mode, a decode worker
+    that dies errors its in-flight request, the model goes not ready, nothing lingers."""
+    import tritonclient.http as httpclient
+
+    overrides = {"serve.mode": mode, "serve.chunk_size": 16}
+    if mode == "static":
+        overrides["serve.static_prefill_sms"] = 8
+    reference = greedy_texts(server)
+    srv = start_server(tmp_path_factory.mktemp(f"triton-{mode}"), name=mode, overrides=overrides)
+    try:
+        assert greedy_texts(srv) == reference
+        if mode != "bullet":
+            return
+        pids = srv.engine_pids()
+        assert len(pids) == 3, srv.descendants()  # the engine and its two workers
+        s = GrpcStreams(srv.grpc_url)
+        rid = s.send({"text_input": "Never ending", "max_tokens": 1000, "min_tokens": 1000, "stream": True})
+        assert s.first(rid)[0] == "result"
+        os.kill(pids[2], signal.SIGKILL)  # a worker, not the engine
+        res = s.collect(rid, timeout=60)
+        assert res.error is not None
+        http = httpclient.InferenceServerClient(srv.http_url)
+        wait_for(lambda: not http.is_model_ready(MODEL), what="model reported not ready")
+        wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=30, what="engine and workers exit")
+        s.close()
+        http.close()
+    finally:
+        srv.stop()

@@ -34,7 +34,7 @@ from bullet_trt.bench.loadgen import Progress
 from bullet_trt.bench.metrics import RequestRecord
 from bullet_trt.bench.serve_bench import (DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS, ProgressPrinter,
                                           add_workload_args, dataset_name, format_row, rebuild_report,
-                                          workloads_from_args, write_result)
+                                          warmup_requests, workloads_from_args, write_result)
 
 
 # -- model --------------------------------------------------------------------------------------
@@ -105,8 +105,13 @@ def make_manager(model, max_new_tokens: int, max_prompt_len: int, num_requests: 
     except ImportError:
         pass
     for key, value in cb_settings.items():
-        target = cb_cfg if cb_cfg is not None and hasattr(cb_cfg, key) else gen
-        setattr(target, key, value)
+        if cb_cfg is not None and hasattr(cb_cfg, key):
+            setattr(cb_cfg, key, value)
+        elif hasattr(gen, key):  # older transformers kept these on GenerationConfig
+            setattr(gen, key, value)
+        else:
+            raise SystemExit(f"--cb {key}: neither ContinuousBatchingConfig nor GenerationConfig has it in "
+                             f"this transformers")
     if cb_cfg is not None and _accepts(init, "continuous_batching_config"):
         kwargs["continuous_batching_config"] = cb_cfg
     if _accepts(init, "workload_hints"):
@@ -278,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ContinuousBatchingConfig field (e.g. num_blocks=4096, max_batch_tokens=8192, "
                         "use_cuda_graph=true); repeatable")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    p.add_argument("--warmup", type=int, default=2, help="short requests before measuring (default 2)")
+    p.add_argument("--warmup", type=int, default=8,
+                   help="requests before measuring, shaped like the workload's first ones (default 8)")
     p.add_argument("--drain-timeout-s", type=float, default=300.0)
     p.add_argument("--timeout-s", type=float, default=0.0, help="bound on one run (default: last arrival + drain + 60)")
     p.add_argument("--no-plots", action="store_true")
@@ -326,12 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hf-peer: {info}", file=sys.stderr, flush=True)
     try:
         if args.warmup > 0:
-            b = ds.PromptBuilder(tok, seed=12345)
-            warm = []
-            for i in range(args.warmup):
-                r = ds.BenchRequest(i, 0.0, 16, 4)
-                r.prompt, r.prompt_tokens, r.prompt_ids = b.build(16)
-                warm.append(r)
+            warm = warmup_requests(workloads[0], args.warmup, tok)
             recs, _ = runner.run(warm, timeout_s=600, drain_timeout_s=600, prefix="warm")
             bad = [r.error for r in recs if not r.ok]
             if bad:

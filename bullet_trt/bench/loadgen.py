@@ -115,6 +115,9 @@ class LoadGenerator:
         self._stop = threading.Event()
         self._all_done = threading.Event()
         self._unmatched_errors: list[str] = []
+        self._clients: list = []
+        self._broken: str | None = None
+        self._closing = False
 
     # -- callbacks (gRPC stream threads) -----------------------------------------------------
     def _callback(self, result, error) -> None:
@@ -126,7 +129,11 @@ class LoadGenerator:
             with self._lock:
                 rec = self._records.get(rid) if rid else None
                 if rec is None:
+                    if self._closing:  # our own cancellation at the end of the run
+                        return
                     self._unmatched_errors.append(msg)
+                    if self._stream_broken():
+                        self._abort_all(now, f"gRPC stream failed: {msg}")
                     return
                 if rid not in self._done:
                     rec.error = msg or "error"
@@ -174,6 +181,22 @@ class LoadGenerator:
                 rec.finished = True
                 self._finish(rid)
 
+    def _stream_broken(self) -> bool:
+        """True when a stream can carry nothing more (tritonclient marks it inactive after a
+        gRPC-level error: the server went away, the connection broke)."""
+        return any(getattr(getattr(c, "_stream", None), "_active", True) is False for c in self._clients)
+
+    def _abort_all(self, now: float, why: str) -> None:  # under the lock
+        """Every request still running fails with ``why``; the run stops."""
+        self._broken = why
+        for rid, rec in self._records.items():
+            if rid not in self._done and rec.sent_s is not None:
+                rec.error = why
+                rec.end_s = now
+                self._done.add(rid)
+        self._stop.set()
+        self._all_done.set()
+
     def _finish(self, rid: str) -> None:  # under the lock
         self._done.add(rid)
         if len(self._done) == len(self._records) and self._sender_done:
@@ -199,7 +222,10 @@ class LoadGenerator:
         self._sender_done = False
         self._stop.clear()
         self._all_done.clear()
-        clients = []
+        clients = self._clients = []
+        self._broken = None
+        self._closing = False
+        self._unmatched_errors = []
         try:
             for _ in range(max(1, opts.streams)):
                 c = grpcclient.InferenceServerClient(self.url)
@@ -213,6 +239,8 @@ class LoadGenerator:
             stopped = self._wait(sender, requests)
         finally:
             self._stop.set()
+            with self._lock:
+                self._closing = True
             cancel = any(rid not in self._done for rid in self._records)
             for c in clients:
                 try:
@@ -285,6 +313,8 @@ class LoadGenerator:
                 if self._all_done.wait(opts.progress_interval_s):
                     if self.on_progress:
                         self.on_progress(self._progress(len(requests)))
+                    if self._broken:
+                        return self._broken
                     return "stopped" if self._stop.is_set() and len(self._done) < len(self._records) else None
                 elapsed = time.perf_counter() - self._t0
                 if self.on_progress:

@@ -428,19 +428,49 @@ def _parse_sets(items: Sequence[str] | None) -> dict[str, str]:
 
 # -- runs ---------------------------------------------------------------------------------------
 
-def warm_up(url: str, model: str, n: int, tokenizer) -> None:
-    """A few short requests before measuring (first-call costs: graphs, allocator, caches)."""
+def warmup_requests(workload: ds.Workload, n: int, tokenizer, max_output: int = 8) -> list[ds.BenchRequest]:
+    """``n`` requests shaped like the workload's first ones (outputs capped), sent together.
+
+    They exercise the prompt lengths and batch sizes of the run (kernel autotuning, JIT,
+    allocator growth) with fresh prompts, so no measured prompt is cached by them.
+    """
+    b = ds.PromptBuilder(tokenizer, seed=12345)
+    out = []
+    for i, src in enumerate((workload.requests * (n // max(len(workload.requests), 1) + 1))[:n]):
+        req = ds.BenchRequest(i, 0.0, src.input_tokens, min(src.output_tokens, max_output))
+        req.prompt, req.prompt_tokens, req.prompt_ids = b.build(src.input_tokens)
+        out.append(req)
+    return out
+
+
+def check_server(url: str, model: str) -> None:
+    """Fails with a readable message unless tritonserver at ``url`` serves ``model``."""
+    import tritonclient.grpc as grpcclient
+
+    try:
+        client = grpcclient.InferenceServerClient(url)
+    except Exception as e:
+        raise SystemExit(f"bullet-trt bench serve: bad --url {url!r}: {e}")
+    try:
+        try:
+            live = client.is_server_ready(client_timeout=10)
+        except Exception as e:
+            raise SystemExit(f"bullet-trt bench serve: cannot reach tritonserver at {url} (gRPC): {e}")
+        if not live:
+            raise SystemExit(f"bullet-trt bench serve: tritonserver at {url} is not ready")
+        if not client.is_model_ready(model, client_timeout=10):
+            raise SystemExit(f"bullet-trt bench serve: model {model!r} is not ready on {url}")
+    finally:
+        client.close()
+
+
+def warm_up(url: str, model: str, requests: list[ds.BenchRequest]) -> None:
+    """Sends warm-up requests before measuring (first-call costs: graphs, JIT, allocator)."""
     from bullet_trt.bench.loadgen import LoadGenerator, LoadGenOptions
 
-    if n <= 0:
+    if not requests:
         return
-    b = ds.PromptBuilder(tokenizer, seed=12345)
-    reqs = []
-    for i in range(n):
-        req = ds.BenchRequest(i, 0.0, 16, 4)
-        req.prompt, req.prompt_tokens, req.prompt_ids = b.build(16)
-        reqs.append(req)
-    res = LoadGenerator(url, LoadGenOptions(model=model, timeout_s=600, drain_timeout_s=600)).run(reqs)
+    res = LoadGenerator(url, LoadGenOptions(model=model, timeout_s=900, drain_timeout_s=900)).run(requests)
     bad = [r.error for r in res.records if not r.ok]
     if bad:
         raise SystemExit(f"warm-up requests to {url} (model {model}) failed: {bad[0]}")
@@ -452,7 +482,9 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
     docs = []
     ttft_slo = args.ttft_slo_ms if args.ttft_slo_ms is not None else DEFAULT_TTFT_SLO_MS
     tpot_slo = args.tpot_slo_ms if args.tpot_slo_ms is not None else DEFAULT_TPOT_SLO_MS
-    warm_up(url, args.model, args.warmup, getattr(args, "_tokenizer", None))
+    check_server(url, args.model)
+    if workloads:
+        warm_up(url, args.model, warmup_requests(workloads[0], args.warmup, getattr(args, "_tokenizer", None)))
     for w in workloads:
         rate_text = f"{w.rate:g} req/s"
         opts = LoadGenOptions(model=args.model, temperature=args.temperature, fixed_output=not args.allow_eos,
@@ -494,7 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let requests stop at an end token (default: min_tokens = max_tokens, so every request "
                         "generates exactly its workload length)")
     c.add_argument("--streams", type=int, default=1, help="gRPC streams to spread requests over (default 1)")
-    c.add_argument("--warmup", type=int, default=2, help="short requests sent before measuring (default 2)")
+    c.add_argument("--warmup", type=int, default=8,
+                   help="requests sent together before each sweep, shaped like the workload's first ones with "
+                        "outputs capped at 8 tokens; not measured (default 8)")
     c.add_argument("--drain-timeout-s", type=float, default=300.0,
                    help="wait at most this long after the last send (default 300)")
     c.add_argument("--timeout-s", type=float, default=0.0,

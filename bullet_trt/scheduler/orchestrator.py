@@ -109,6 +109,9 @@ class SpatialEngineCore(EngineCore):
         self.current_prefill_sms: int | None = static_split
         self.last_split = (0, 0)
         self.log = open(s.iteration_log, "a") if s.iteration_log else None
+        from bullet_trt.sm.gpu_monitor import GpuMonitor
+        gpu_index = (device.index or 0) if device.type == "cuda" else None
+        self.gpu_monitor = GpuMonitor(gpu_index)
         self.t0 = time.monotonic()
 
     def _load_perf_model(self, cfg: EngineConfig, total_sms: int, device) -> PerfModel:
@@ -284,7 +287,8 @@ class SpatialEngineCore(EngineCore):
                "prefill_sms": prefill_sms if split is not None or phase == "prefill" else 0,
                "decode_sms": decode_sms if split is not None or phase == "decode" else 0,
                "predicted_ms": round(job["predicted"], 3), "measured_ms": round(measured_ms, 3),
-               "waiting": len(q.waiting), "prefilling": len(q.prefilling), "decoding": len(q.decoding)}
+               "waiting": len(q.waiting), "prefilling": len(q.prefilling), "decoding": len(q.decoding),
+               **self.gpu_monitor.sample()}
         self.log.write(json.dumps(rec) + "\n")
         self.log.flush()
 
