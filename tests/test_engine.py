@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from bullet_trt.engine.block_allocator import BlockAllocator, OutOfBlocks
-from bullet_trt.engine.core import EngineCore
 from bullet_trt.engine.llm import LLM
 from bullet_trt.engine.request import NewRequest
 from bullet_trt.engine.sampling import SamplingParams

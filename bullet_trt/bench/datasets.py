@@ -143,7 +143,6 @@ def clip_lengths(inputs: np.ndarray, outputs: np.ndarray, spec: DatasetSpec | No
     inputs = np.asarray(inputs, dtype=np.int64).copy()
     outputs = np.asarray(outputs, dtype=np.int64).copy()
     min_in = spec.min_input if spec else 1
-    min_out = spec.min_output if spec else 1
     if spec is not None:
         inputs = np.clip(inputs, spec.min_input, spec.max_input)
         outputs = np.clip(outputs, spec.min_output, spec.max_output)

@@ -15,54 +15,41 @@ import json
 
 import torch
 
-from bullet_trt.config import load_engine_config
-from bullet_trt.engine.session import TorchSession
-from bullet_trt.engine.shared_state import build_shared_state
-from bullet_trt.scheduler.calibrate import _items, _time_ms
+from bullet_trt.scheduler.calibrate import measurement_setup, profile_items, time_ms
 from bullet_trt.scheduler.perf_model import ModelCost, PrefillShape
 
 
 def copy_gbs(stream) -> float:
     src = torch.randn(1 << 29, device="cuda", dtype=torch.bfloat16)  # 1 GiB
     dst = torch.empty_like(src)
-    ms = _time_ms(lambda: dst.copy_(src), stream, repeats=5)
+    ms = time_ms(lambda: dst.copy_(src), stream, repeats=5)
     return 2 * src.numel() * src.element_size() / ms / 1e6
 
 
 def gemm_tflops(stream) -> float:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn_like(a)
-    ms = _time_ms(lambda: a @ b, stream, repeats=5)
+    ms = time_ms(lambda: a @ b, stream, repeats=5)
     return 2 * 8192 ** 3 / ms / 1e9
 
 
 def run(engine_dir: str, sm_counts: list[int], batch: int = 64, ctx: int = 1024,
         prefill_tokens: int = 4096) -> list[dict]:
     from bullet_trt.kernels import ops_for
-    from bullet_trt.sm.partitioner import make_partitioner
 
-    cfg = load_engine_config(engine_dir, {"kv.gpu_memory_fraction": 0.6})
-    state, model = build_shared_state(cfg, share=False)
-    state.kv_pool.normal_()
-    session = TorchSession(model, state.kv_pool, state.block_size, cfg.decode)
+    cfg, state, session, streams = measurement_setup(engine_dir, sm_counts, {"kv.gpu_memory_fraction": 0.6})
     cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size())
-    part = make_partitioner("green", state.kv_pool.device)
-    total = part.total_sms
-    counts = [c for c in sm_counts if c < total]
-    part.prepare("prefill", counts)
-    streams = {c: part.stream(c) for c in counts}
-    streams[total] = torch.cuda.current_stream()
     set_num_sms = getattr(ops_for(state.kv_pool.device), "set_num_sms", None)
-    decode_items = _items([ctx] * batch, True, state.block_size)
-    prefill_items = _items([prefill_tokens], False, state.block_size)
+    decode_items = profile_items([ctx] * batch, True, state.block_size)
+    prefill_items = profile_items([prefill_tokens], False, state.block_size)
     shape = PrefillShape.of([prefill_tokens])
     rows = []
     for sms, stream in sorted(streams.items()):
         if set_num_sms:
             set_num_sms(sms)
         bw, rate = copy_gbs(stream), gemm_tflops(stream)
-        decode_ms = _time_ms(lambda: session.run(decode_items), stream, repeats=10)
-        prefill_ms = _time_ms(lambda: session.run(prefill_items), stream, repeats=3)
+        decode_ms = time_ms(lambda: session.run(decode_items), stream, repeats=10)
+        prefill_ms = time_ms(lambda: session.run(prefill_items), stream, repeats=3)
         decode_bytes = cost.weight_bytes + cost.kv_bytes_per_token * batch * ctx
         prefill_flops = cost.flops_per_token * shape.num_tokens + cost.attn_flops_per_pair * shape.attn_pairs
         rows.append({

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from bullet_trt.cli import parse_sets
 from bullet_trt.bench import datasets as ds
 from bullet_trt.bench.metrics import RequestRecord, cdf, slo_attainment, summarize
 
@@ -416,16 +417,6 @@ class ManagedServer:
                 pass
 
 
-def _parse_sets(items: Sequence[str] | None) -> dict[str, str]:
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"--set expects key=value (e.g. serve.static_prefill_sms=66), got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
 # -- runs ---------------------------------------------------------------------------------------
 
 def warmup_requests(workload: ds.Workload, n: int, tokenizer, max_output: int = 8) -> list[ds.BenchRequest]:
@@ -584,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
             run_sweep(args.url, args.label or "server", workloads, args, out_dir)
         else:
             from bullet_trt.config import load_engine_config
-            sets = _parse_sets(args.set)
+            sets = parse_sets(args.set)
             modes = [m.strip() for m in args.modes.split(",") if m.strip()]
             if not modes:
                 raise SystemExit("--modes is empty")

@@ -12,7 +12,6 @@ from collections import deque
 from dataclasses import dataclass
 
 from bullet_trt.engine.block_allocator import BlockAllocator
-from bullet_trt.engine.kv_pool import blocks_for_tokens
 from bullet_trt.engine.sequence import Sequence, SeqStatus
 
 
@@ -58,19 +57,11 @@ class BatchScheduler:
         return bool(self.waiting or self.running)
 
     def _reserve(self, seq: Sequence, num_new: int) -> bool:
-        need = blocks_for_tokens(seq.num_cached_tokens + num_new, self.block_size) - len(seq.block_table)
-        if need <= 0:
-            return True
-        if not self.allocator.can_allocate(need):
-            return False
-        seq.block_table.extend(self.allocator.allocate(need))
-        return True
+        return self.allocator.grow(seq.block_table, seq.num_cached_tokens + num_new, self.block_size)
 
     def release(self, seq: Sequence) -> None:
         """Returns a sequence's blocks to the pool and forgets it."""
-        if seq.block_table:
-            self.allocator.free(seq.block_table)
-            seq.block_table = []
+        self.allocator.release(seq.block_table)
         seq.num_cached_tokens = 0
         if seq in self.running:
             self.running.remove(seq)

@@ -30,6 +30,21 @@ class BlockAllocator:
         self._used.update(blocks)
         return blocks
 
+    def grow(self, table: list[int], num_tokens: int, block_size: int) -> bool:
+        """Extends a block table in place to hold num_tokens; all or nothing."""
+        need = -(-num_tokens // block_size) - len(table)
+        if need <= 0:
+            return True
+        if need > len(self._free):
+            return False
+        table.extend(self.allocate(need))
+        return True
+
+    def release(self, table: list[int]) -> None:
+        """Frees every block of a table and empties it."""
+        self.free(table)
+        table.clear()
+
     def free(self, blocks: list[int]) -> None:
         for b in blocks:
             if b not in self._used:

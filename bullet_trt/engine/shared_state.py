@@ -48,7 +48,7 @@ def build_shared_state(cfg: EngineConfig, share: bool = True) -> tuple[SharedEng
     dtype = resolve_dtype(arch, cfg.dtype, device)
     model = CausalLM(arch, dtype, device, max_positions=cfg.max_model_len)
     if cfg.dummy_weights:
-        _init_dummy_weights(model, cfg.seed)
+        model.init_random_weights(cfg.seed)
     else:
         load_checkpoint(model, cfg.checkpoint_path, dtype)
     weights = {name: p.data for name, p in model.named_parameters()}
@@ -60,20 +60,6 @@ def build_shared_state(cfg: EngineConfig, share: bool = True) -> tuple[SharedEng
                            min_blocks=blocks_for_tokens(cfg.max_model_len, cfg.kv.block_size))
     pool = create_kv_pool(arch, num_blocks, cfg.kv.block_size, dtype, device, shared=share)
     return SharedEngineState(arch, dtype, weights, pool, cfg.kv.block_size, cfg.max_model_len), model
-
-
-@torch.no_grad()
-def _init_dummy_weights(model: CausalLM, seed: int) -> None:
-    """Random weights drawn on the model's device (an 8B model in seconds on a GPU), scaled
-    so activations keep unit size through the layers."""
-    gen = torch.Generator(device=model.device).manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.fill_(1.0)
-        elif name.endswith(".bias"):
-            p.zero_()
-        else:
-            p.normal_(0.0, 1.0 if "embed_tokens" in name else p.shape[-1] ** -0.5, generator=gen)
 
 
 def attach_session(state: SharedEngineState, profile: ProfileConfig) -> TorchSession:

@@ -165,13 +165,15 @@ class CausalLM(nn.Module):
             self._place(device)
 
     @torch.no_grad()
-    def init_random_weights(self, seed: int = 0, std: float = 0.02) -> None:
-        """Random weights for runs without a trained checkpoint (the ``untrained`` setting)."""
-        gen = torch.Generator().manual_seed(seed)
+    def init_random_weights(self, seed: int = 0) -> None:
+        """Random weights for engines without a trained checkpoint (dummy weights), drawn on
+        the model's device (an 8B model in seconds on a GPU) and scaled so activations keep
+        unit size through the layers."""
+        gen = torch.Generator(device=self.device).manual_seed(seed)
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             elif name.endswith(".bias"):
                 p.zero_()
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) * std)
+                p.normal_(0.0, 1.0 if "embed_tokens" in name else p.shape[-1] ** -0.5, generator=gen)

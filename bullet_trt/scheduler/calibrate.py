@@ -26,7 +26,7 @@ PREFILL_TOKENS = (128, 512, 1024, 2048, 4096)
 DECODE_SHAPES = ((1, 512), (8, 1024), (16, 4096), (32, 512), (32, 2048), (48, 1024), (64, 1024), (64, 3072))
 
 
-def _time_ms(fn, stream, repeats: int = 3) -> float:
+def time_ms(fn, stream, repeats: int = 3) -> float:
     with torch.cuda.stream(stream):
         fn()  # warm-up
         times = []
@@ -40,7 +40,7 @@ def _time_ms(fn, stream, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def _items(lengths: list[int], decode: bool, block_size: int) -> list[BatchItem]:
+def profile_items(lengths: list[int], decode: bool, block_size: int) -> list[BatchItem]:
     items, next_block = [], 0
     params = SamplingParams(temperature=0.0, max_tokens=1)
     for n in lengths:
@@ -61,38 +61,46 @@ def measure(session: TorchSession, streams: dict[int, torch.cuda.Stream], block_
         for tokens in PREFILL_TOKENS:
             if tokens > max_len or -(-tokens // block_size) > pool_blocks:
                 continue
-            items = _items([tokens], False, block_size)
-            ms = _time_ms(lambda: session.run(items), stream)
+            items = profile_items([tokens], False, block_size)
+            ms = time_ms(lambda: session.run(items), stream)
             shape = PrefillShape.of([tokens])
             points.append(ProfilePoint("prefill", sms, ms, num_tokens=tokens, attn_pairs=shape.attn_pairs))
         for batch, ctx in DECODE_SHAPES:
             if ctx > max_len or batch * -(-ctx // block_size) > pool_blocks:
                 continue
-            items = _items([ctx] * batch, True, block_size)
-            ms = _time_ms(lambda: session.run(items), stream)
+            items = profile_items([ctx] * batch, True, block_size)
+            ms = time_ms(lambda: session.run(items), stream)
             points.append(ProfilePoint("decode", sms, ms, batch=batch, total_ctx=batch * ctx))
         print(f"  measured {sms} SMs", flush=True)
     return points
 
 
-def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (32, 64, 96),
-                         seed: int = 0) -> dict:
+def measurement_setup(engine_dir: str | Path, sm_counts, overrides: dict | None = None):
+    """(cfg, state, session, {SM count: stream}) for timing the engine on green partitions:
+    random data in the pool (not zeros), prefill as the prefill worker runs it, decode steps
+    from the decode profile's graphs, and the whole GPU under its own SM count."""
     from bullet_trt.sm.partitioner import make_partitioner
 
-    cfg = load_engine_config(engine_dir)
     if not torch.cuda.is_available():
-        raise RuntimeError("--profile needs a CUDA GPU: it measures the target GPU")
+        raise RuntimeError("measuring the engine needs a CUDA GPU")
+    cfg = load_engine_config(engine_dir, overrides)
     state, model = build_shared_state(cfg, share=False)
-    state.kv_pool.normal_()  # time on data, not zeros
-    # Prefill as the prefill worker runs it, decode steps from the decode profile's graphs.
+    state.kv_pool.normal_()
     profile = dataclasses.replace(cfg.prefill, cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes)
     session = TorchSession(model, state.kv_pool, state.block_size, profile)
     part = make_partitioner("green", state.kv_pool.device)
-    total = part.total_sms
-    counts = [c for c in sm_counts if c < total]
+    counts = [c for c in sm_counts if c < part.total_sms]
     part.prepare("prefill", counts)
     streams = {c: part.stream(c) for c in counts}
-    streams[total] = torch.cuda.current_stream()
+    streams[part.total_sms] = torch.cuda.current_stream()
+    session.partitioner = part  # the streams live as long as their green contexts
+    return cfg, state, session, streams
+
+
+def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (32, 64, 96),
+                         seed: int = 0) -> dict:
+    cfg, state, session, streams = measurement_setup(engine_dir, sm_counts)
+    total = max(streams)
     print(f"calibrating on {torch.cuda.get_device_name()} ({total} SMs) at {sorted(streams)} SMs", flush=True)
     points = measure(session, streams, state.block_size, cfg.max_model_len, state.num_blocks)
     rng = random.Random(seed)

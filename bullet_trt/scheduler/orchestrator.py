@@ -19,7 +19,6 @@ import torch.multiprocessing as mp
 
 from bullet_trt.config import ConfigError, EngineConfig
 from bullet_trt.engine.core import EngineCore
-from bullet_trt.engine.kv_pool import blocks_for_tokens
 from bullet_trt.engine.sequence import Sequence, SeqStatus
 from bullet_trt.engine.batch_scheduler import ScheduledChunk
 from bullet_trt.scheduler.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel, PrefillShape
@@ -47,22 +46,14 @@ class SpatialQueues:
         self.waiting.append(seq)
 
     def release(self, seq: Sequence) -> None:
-        if seq.block_table:
-            self.allocator.free(seq.block_table)
-            seq.block_table = []
+        self.allocator.release(seq.block_table)
         seq.num_cached_tokens = 0
         for q in (self.waiting, self.prefilling, self.decoding):
             if seq in q:
                 q.remove(seq)
 
     def reserve(self, seq: Sequence, total_tokens: int) -> bool:
-        need = blocks_for_tokens(total_tokens, self.block_size) - len(seq.block_table)
-        if need <= 0:
-            return True
-        if not self.allocator.can_allocate(need):
-            return False
-        seq.block_table.extend(self.allocator.allocate(need))
-        return True
+        return self.allocator.grow(seq.block_table, total_tokens, self.block_size)
 
 
 class SpatialEngineCore(EngineCore):
