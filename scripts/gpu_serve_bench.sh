@@ -2,7 +2,7 @@
 # The serving comparison on a GPU: tritonserver started once per mode (chunked, bullet,
 # static) on a dummy-weight Llama-3.1-8B engine, an open-loop Poisson sweep over gRPC
 # streaming per mode, then the table and plots (bullet-trt bench serve --start-server).
-# tritonserver and tritonclient come from carried archives (.whl/), numpy 1.26 for the stub.
+# tritonserver and tritonclient come from archives in .whl/ (for GPU machines without registry access), numpy 1.26 for the stub.
 # Usage: OUT=<dir> RATES=6,12,18 NUM=120 DATASET=sharegpt bash scripts/gpu_serve_bench.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real tritonserver on a GPU in bullet mode: two MPS-client workers on green-context
 # partitions behind model_repository/bullet, a concurrent HTTP load, then the iteration log's
-# split summary and plot. tritonserver comes from a carried nvidia-pytriton wheel (.whl/).
+# split summary and plot. tritonserver comes from an archive of the nvidia-pytriton wheel in .whl/ (GPU machines without registry access).
 # Usage: OUT=<dir> bash scripts/gpu_triton_bullet.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."

@@ -31,4 +31,4 @@ def checkpoint(tmp_path_factory):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (run on a lent GPU machine)")
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (run them on a GPU machine)")

@@ -1,5 +1,5 @@
 """The engine-core parity checks on a CUDA GPU in bf16, and the prefill/decode split across
-two processes through CUDA IPC. Skipped without a GPU; run on a lent GPU with
+two processes through CUDA IPC. Skipped without a GPU; run on a GPU machine with
 ``pytest -m gpu tests/test_gpu.py``."""
 from __future__ import annotations
 
