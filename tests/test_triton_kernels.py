@@ -1,6 +1,6 @@
 """Triton kernels (bullet_trt.kernels.triton_ops) against the torch reference.
 
-Marked ``gpu``: they run on a lent GPU. Without CUDA they are skipped, unless TRITON_INTERPRET=1
+Marked ``gpu``: they run on a GPU machine. Without CUDA they are skipped, unless TRITON_INTERPRET=1
 is set (and Triton installed), in which case they run in the Triton interpreter on CPU with
 small shapes. Outputs are compared with the reference computed in fp32 on upcast inputs, by
 relative error ||out - ref|| / ||ref||.
