@@ -143,7 +143,6 @@ def pid_alive(pid: int) -> bool:
 
 def start_server(tmp_dir: Path, name: str = "server", overrides: dict | None = None) -> TritonServer:
     """Launches tritonserver and waits until the model is ready (or fails with its log)."""
-    import tritonclient.http as httpclient
     from bullet_trt.triton import server as srv
 
     engine_dir = ensure_default_engine()
@@ -154,21 +153,11 @@ def start_server(tmp_dir: Path, name: str = "server", overrides: dict | None = N
     proc = srv.launch(engine_dir=engine_dir, overrides=overrides, log_file=log_file, http_port=ports[0],
                       grpc_port=ports[1], metrics_port=ports[2])
     server = TritonServer(proc, *ports, log_file=log_file)
-    client = httpclient.InferenceServerClient(server.http_url)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tritonserver exited with {proc.returncode} during start-up:\n{server.log_tail()}")
-        try:
-            if client.is_server_ready() and client.is_model_ready(server.model):
-                break
-        except Exception:
-            pass
-        if time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError(f"tritonserver not ready after {START_TIMEOUT_S} s:\n{server.log_tail()}")
-        time.sleep(0.5)
-    client.close()
+    try:
+        srv.wait_until_ready(proc, server.grpc_url, START_TIMEOUT_S, server.model, server.log_tail)
+    except srv.ServerNotReady:
+        server.stop()
+        raise
     return server
 
 

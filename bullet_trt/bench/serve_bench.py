@@ -30,7 +30,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -383,27 +382,13 @@ class ManagedServer:
             return ""
 
     def _wait_ready(self, timeout_s: float) -> None:
-        import tritonclient.grpc as grpcclient
+        from bullet_trt.triton import server as srv
 
-        deadline = time.monotonic() + timeout_s
-        client = grpcclient.InferenceServerClient(self.url)
         try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"tritonserver exited with {self.proc.returncode} during start-up "
-                                       f"(log {self.log_file}):\n{self._log_tail()}")
-                try:
-                    if client.is_server_ready() and client.is_model_ready(self.model):
-                        return
-                except Exception:
-                    pass
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"tritonserver not ready after {timeout_s:g} s (log {self.log_file}):\n"
-                                       f"{self._log_tail()}")
-                time.sleep(0.5)
-        finally:
-            client.close()
+            srv.wait_until_ready(self.proc, self.url, timeout_s, self.model, self._log_tail)
+        except srv.ServerNotReady as e:
+            self.stop()
+            raise RuntimeError(f"{e}\n(log {self.log_file})") from None
 
     def stop(self) -> None:
         if self.proc.poll() is None:

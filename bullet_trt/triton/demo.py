@@ -33,22 +33,6 @@ def ensure_engine(engine_dir: str | None) -> Path:
     return path
 
 
-def wait_ready(proc, http_url: str, timeout_s: float = 600.0) -> None:
-    import tritonclient.http as httpclient
-    client = httpclient.InferenceServerClient(http_url)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"demo: tritonserver exited with code {proc.returncode}")
-        try:
-            if client.is_model_ready("bullet"):
-                return
-        except Exception:  # noqa: BLE001 - not listening yet
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"demo: the model was not ready within {timeout_s:.0f} s")
-
-
 def stream_request(grpc_url: str, prompt: str, max_tokens: int) -> str:
     import tritonclient.grpc as grpcclient
 
@@ -105,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
                          grpc_port=args.grpc_port, metrics_port=args.metrics_port)
     try:
         print(f"demo: tritonserver pid {proc.pid} starting (log {log})", flush=True)
-        wait_ready(proc, f"127.0.0.1:{args.http_port}")
+        try:
+            server.wait_until_ready(proc, f"127.0.0.1:{args.grpc_port}", timeout_s=600)
+        except server.ServerNotReady as e:
+            raise SystemExit(f"demo: {e}\n(log {log})")
         stream_request(f"127.0.0.1:{args.grpc_port}", args.prompt, args.max_tokens)
         body = json.dumps({"text_input": args.prompt, "max_tokens": args.max_tokens, "seed": 7})
         print(f"\nthe same over HTTP:\n  curl -s -X POST localhost:{args.http_port}/v2/models/bullet/generate "

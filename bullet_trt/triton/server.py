@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,6 +193,34 @@ def launch(engine_dir=None, overrides=None, log_file=None, **kwargs) -> subproce
     finally:
         if log_file:
             out.close()
+
+
+class ServerNotReady(RuntimeError):
+    pass
+
+
+def wait_until_ready(proc: subprocess.Popen, grpc_url: str, timeout_s: float, model: str = "bullet",
+                     log_tail=lambda: "") -> None:
+    """Blocks until tritonserver reports the server and `model` ready; raises ServerNotReady
+    (with the log tail) when the process exits first or `timeout_s` passes."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise ServerNotReady(f"tritonserver exited with {proc.returncode} during start-up:\n{log_tail()}")
+            try:
+                if client.is_server_ready() and client.is_model_ready(model):
+                    return
+            except Exception:  # noqa: BLE001 - not listening yet
+                pass
+            if time.monotonic() > deadline:
+                raise ServerNotReady(f"tritonserver not ready after {timeout_s:g} s:\n{log_tail()}")
+            time.sleep(0.5)
+    finally:
+        client.close()
 
 
 def free_port() -> int:
