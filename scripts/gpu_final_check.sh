@@ -9,13 +9,7 @@ mkdir -p "$out" /tmp/site
 export PYTHONUNBUFFERED=1
 echo "== GPU tests"
 PYTHONPATH=$PWD timeout 240 python3 -m pytest -p no:cacheprovider -q tests/test_gpu.py tests/test_triton_kernels.py 2>&1 | tail -3
-tar xzf .whl/triton_min.tar.gz -C /tmp/site || exit 1
-base_site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
-python3 -m venv --without-pip /tmp/venv || exit 1
-venv_site=$(/tmp/venv/bin/python -c 'import site; print(site.getsitepackages()[0])')
-python3 -m pip install -q --no-index --no-deps --target "$venv_site" .whl/numpy-1.26*.whl || exit 1
-echo "$base_site" > "$venv_site/zz_machine_packages.pth"
-export PYTHONPATH=/tmp/site:$PWD
+source scripts/gpu_server_env.sh || exit 1
 engine=/tmp/engines/llama-3.1-8b
 python3 build_engines.py --dummy-weights --arch llama-3.1-8b --out "$engine" --max-model-len 4096 >/dev/null
 cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$engine/perf_model.yaml"

@@ -7,14 +7,8 @@
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/bullet-gpu}
-mkdir -p "$out" /tmp/site
-tar xzf .whl/triton_min.tar.gz -C /tmp/site && tar xzf .whl/tritonclient_py.tar.gz -C /tmp/site || exit 1
-base_site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
-[ -x /tmp/venv/bin/python ] || python3 -m venv --without-pip /tmp/venv || exit 1
-venv_site=$(/tmp/venv/bin/python -c 'import site; print(site.getsitepackages()[0])')
-python3 -m pip install -q --no-index --no-deps --upgrade --target "$venv_site" .whl/numpy-1.26*.whl .whl/python_rapidjson-*.whl || exit 1
-echo "$base_site" > "$venv_site/zz_machine_packages.pth"
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+mkdir -p "$out"
+source scripts/gpu_server_env.sh || exit 1
 unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 mps_env=$(timeout 30 bash scripts/start_mps.sh) && eval "$mps_env" || { echo "MPS daemon did not start"; exit 1; }
 trap 'KILL_MPS_TIMEOUT=10 timeout 15 bash scripts/kill_mps.sh >/dev/null' EXIT

@@ -7,19 +7,7 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/bullet-gpu}
 mkdir -p "$out"
-# tritonserver 2.51's Python-backend stub needs numpy < 2 (with numpy 2 it misreads BYTES
-# inputs): a venv over the machine's packages with numpy 1.26 in front, and the server's files
-# (the nvidia-pytriton wheel's tritonserver, Python backend, 3.12 stub and libraries).
-mkdir -p /tmp/site && tar xzf .whl/triton_min.tar.gz -C /tmp/site || exit 1
-# The machine's python3 is itself a venv: a new venv sees its packages through a .pth file,
-# placed after the new venv's own site-packages, so numpy 1.26 there wins.
-base_site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
-python3 -m venv --without-pip /tmp/venv || exit 1
-venv_site=$(/tmp/venv/bin/python -c 'import site; print(site.getsitepackages()[0])')
-python3 -m pip install -q --no-index --no-deps --target "$venv_site" .whl/numpy-1.26*.whl || exit 1
-echo "$base_site" > "$venv_site/zz_machine_packages.pth"
-/tmp/venv/bin/python -c 'import numpy, torch, yaml; print("server env: numpy", numpy.__version__, "torch", torch.__version__)' || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+source scripts/gpu_server_env.sh || exit 1
 unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 mps_env=$(timeout 30 bash scripts/start_mps.sh) && eval "$mps_env" || { echo "MPS daemon did not start"; exit 1; }
 engine=${ENGINE:-/tmp/engines/llama-3.1-8b}

@@ -159,12 +159,13 @@ class SpatialEngineCore(EngineCore):
         if not batch:
             return
         split = self.current_prefill_sms if "prefill" in self.inflight or self.cfg.serve.mode == "static" else None
-        items = [self._item(ScheduledChunk(s, 1)) for s in batch]
+        chunks = [ScheduledChunk(s, 1) for s in batch]
+        items = [self._item(c) for c in chunks]
         total_ctx = sum(s.num_tokens for s in batch)
         sms = self.total_sms if split is None else self.total_sms - split
         predicted = self.perf.decode_ms(len(batch), total_ctx, sms)
         self.decode.submit(items, split)
-        self.inflight["decode"] = dict(seqs=batch, chunks=[ScheduledChunk(s, 1) for s in batch],
+        self.inflight["decode"] = dict(seqs=batch, chunks=chunks,
                                        predicted=predicted, split=split, tokens=len(batch),
                                        start=time.monotonic())
 
