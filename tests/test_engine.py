@@ -165,9 +165,13 @@ def test_prefill_and_decode_in_two_processes_match_one_process(llama_engine):
         ref = [c.token_ids for c in llm.generate_token_ids(batch, params)]
     with LLM(str(llama_engine), executor="workers") as llm:
         out = llm.generate_token_ids(batch, params)
-        pids = {llm.engine.executor.prefill_worker.pid, llm.engine.executor.decode_worker.pid}
+        workers = (llm.engine.executor.prefill_worker, llm.engine.executor.decode_worker)
+        pids = {w.pid for w in workers}
+        fused = [w.fused_groups for w in workers]
+        layers = llm.engine.state.arch.num_layers
         stats = llm.engine.stats()
     import os
     assert len(pids) == 2 and os.getpid() not in pids
+    assert fused == [2 * layers] * 2  # shared memory kept the fused layout
     assert [c.token_ids for c in out] == ref
     assert stats.kv_blocks_free == stats.kv_blocks_total

@@ -112,7 +112,10 @@ def test_cross_process_cuda_ipc_matches_single_process(checkpoints, tmp_path):
     with LLM(str(engine), executor="workers", **overrides) as llm:
         assert llm.engine.state.kv_pool.is_cuda
         out = [c.token_ids for c in llm.generate_token_ids(prompts, params)]
-        pids = {llm.engine.executor.prefill_worker.pid, llm.engine.executor.decode_worker.pid}
+        workers = (llm.engine.executor.prefill_worker, llm.engine.executor.decode_worker)
+        pids = {w.pid for w in workers}
+        # CUDA IPC shares whole allocations, so the workers run fused q/k/v and gate/up GEMMs.
+        assert [w.fused_groups for w in workers] == [2 * llm.engine.state.arch.num_layers] * 2
         stats = llm.engine.stats()
     assert len(pids) == 2 and os.getpid() not in pids
     assert out == ref

@@ -162,6 +162,50 @@ def test_attach_weights_shares_storage(checkpoint):
         CausalLM(src.arch, torch.float32, "meta").attach_weights(missing)
 
 
+def _attached_fused_groups(queue, arch, state) -> None:
+    model = CausalLM(arch, torch.float32, "meta")
+    model.attach_weights(state)
+    queue.put((model.fused_groups, model.model.layers[0].self_attn.q_proj.weight.data_ptr()
+               == model.model.layers[0].self_attn.qkv[0].data_ptr()))
+
+
+@pytest.mark.parametrize("variant", ["qwen2", "qwen3"])  # qwen2: q/k/v biases fuse too
+def test_projection_groups_fuse_and_match_separate_gemms(checkpoint, variant):
+    path = checkpoint(variant)
+    fused = ours(path)
+    layers = fused.arch.num_layers
+    assert fused.fused_groups == 2 * layers
+    attn = fused.model.layers[1].self_attn
+    # The fused weight is the q/k/v parameters themselves, not a copy of them.
+    assert attn.qkv[0].data_ptr() == attn.q_proj.weight.data_ptr()
+    assert torch.equal(attn.qkv[0][-attn.v_proj.weight.shape[0]:], attn.v_proj.weight)
+    assert (attn.qkv[1] is not None) == (variant == "qwen2")
+
+    # Copies that do not lie back to back run one GEMM per projection, with the same result.
+    separate = CausalLM(fused.arch, torch.float32, "meta")
+    separate.attach_weights({k: v.clone() for k, v in fused.state_dict().items()})
+    assert separate.fused_groups == 0
+    ids = prompt(15, seed=8)
+    got = step(fused, new_kv(fused, 2, 16), [(ids, 0, [0])], 16)[0]
+    want = step(separate, new_kv(separate, 2, 16), [(ids, 0, [0])], 16)[0]
+    assert max_diff(got, want) <= TOL
+
+
+def test_weights_shared_with_another_process_stay_fused(checkpoint):
+    """A worker process that attaches the weights through shared memory runs fused GEMMs
+    over the same memory."""
+    import torch.multiprocessing as mp
+    src = ours(checkpoint("llama-llama3"))
+    state = {k: v.share_memory_() for k, v in src.state_dict().items()}
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_attached_fused_groups, args=(queue, src.arch, state))
+    proc.start()
+    groups, same_memory = queue.get(timeout=120)
+    proc.join(timeout=60)
+    assert groups == 2 * src.arch.num_layers and same_memory
+
+
 def test_parameter_names_are_huggingface_names(checkpoint):
     for variant, extra in (("qwen2", "self_attn.q_proj.bias"), ("qwen3", "self_attn.q_norm.weight")):
         path = checkpoint(variant)

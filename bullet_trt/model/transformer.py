@@ -3,6 +3,13 @@
 Parameter names are exactly the Hugging Face ones, so a checkpoint's state dict (or one shared
 from another process) plugs in without renaming. Attention runs over the paged KV cache through
 the kernel ops, so the same forward serves whole prefills, prefill chunks and decode steps.
+
+q/k/v and gate/up are separate parameters under their HF names, but placement lays each group
+out back to back in one allocation, and the forward runs the group as one GEMM over that
+allocation: at decode's small batch a GEMM is bound by reading its weights, and one wide GEMM
+reads them at a higher rate than three narrow ones. Views shared with another process keep the
+layout (CUDA IPC and shared memory share whole allocations), so workers fuse too; tensors that
+do not lie back to back (attached from elsewhere) fall back to one GEMM each.
 """
 from __future__ import annotations
 
@@ -13,6 +20,34 @@ import torch.nn.functional as F
 from bullet_trt.kernels import AttentionMetadata, ops_for
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.rope import build_cos_sin_cache
+
+
+# (module attribute holding the fused view, the HF projections it covers, in order)
+FUSED_GROUPS = {"self_attn": ("qkv", ("q_proj", "k_proj", "v_proj")),
+                "mlp": ("gate_up", ("gate_proj", "up_proj"))}
+
+
+def back_to_back(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """One view of contiguous tensors that follow each other in one storage (rows stacked),
+    or None when they do not."""
+    first = parts[0]
+    if first.device.type == "meta":
+        return None
+    base, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+    for t in parts:
+        if (not t.is_contiguous() or t.dtype != first.dtype or t.shape[1:] != first.shape[1:]
+                or t.untyped_storage().data_ptr() != base or t.storage_offset() != offset):
+            return None
+        offset += t.numel()
+    shape = (sum(t.shape[0] for t in parts), *first.shape[1:])
+    return first.as_strided(shape, torch.empty(shape, device="meta").stride(), first.storage_offset())
+
+
+def _fused_linear(x: torch.Tensor, fused: tuple[torch.Tensor, torch.Tensor | None] | None,
+                  layers: list[nn.Linear]) -> torch.Tensor:
+    if fused is not None:
+        return F.linear(x, *fused)
+    return torch.cat([layer(x) for layer in layers], dim=-1)
 
 
 class RMSNorm(nn.Module):
@@ -32,6 +67,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
         self.v_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
         self.o_proj = nn.Linear(q_size, arch.hidden_size, bias=arch.o_proj_bias)
+        self.split_sizes = (q_size, kv_size, kv_size)
+        self.qkv = None  # (weight, bias) views over q/k/v when they lie back to back
         if arch.qk_norm:
             self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
             self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
@@ -39,9 +76,11 @@ class Attention(nn.Module):
     def forward(self, ops, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         T = x.shape[0]
-        q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        qkv = _fused_linear(x, self.qkv, [self.q_proj, self.k_proj, self.v_proj])
+        q, k, v = qkv.split(self.split_sizes, dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             # Flattened to 2-D rows so GPU kernels see the same layout as the hidden-size norms.
             q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm.weight, self.q_norm.eps).view_as(q)
@@ -58,9 +97,10 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=arch.mlp_bias)
         self.up_proj = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=arch.mlp_bias)
         self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=arch.mlp_bias)
+        self.gate_up = None  # (weight, bias) views over gate/up when they lie back to back
 
     def forward(self, ops, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)))
+        return self.down_proj(ops.silu_and_mul(_fused_linear(x, self.gate_up, [self.gate_proj, self.up_proj])))
 
 
 class DecoderLayer(nn.Module):
@@ -107,9 +147,43 @@ class CausalLM(nn.Module):
         if any(p.device != device for p in self.parameters()):
             self.to_empty(device=device)
             self.requires_grad_(False)
+            self._lay_out_fused_groups()
+        self._find_fused_groups()
         self.device = device
         self.ops = ops_for(device)
         self.cos_sin_cache = build_cos_sin_cache(self.arch, self.max_positions, device)
+
+    def _fused_group_members(self):
+        """(module, fused attribute, the member nn.Linear layers) for every fusable group."""
+        for layer in self.model.layers:
+            for child, (attr, names) in FUSED_GROUPS.items():
+                module = getattr(layer, child)
+                yield module, attr, [getattr(module, n) for n in names]
+
+    def _lay_out_fused_groups(self) -> None:
+        """Re-allocates each group's (uninitialized) weights and biases as row slices of one
+        tensor; loading then fills the slices."""
+        for _, _, members in self._fused_group_members():
+            for leaf in ("weight", "bias"):
+                parts = [getattr(m, leaf) for m in members]
+                if parts[0] is None:
+                    continue
+                whole = torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]),
+                                    dtype=parts[0].dtype, device=parts[0].device)
+                for m, piece in zip(members, whole.split([p.shape[0] for p in parts])):
+                    m._parameters[leaf] = nn.Parameter(piece, requires_grad=False)
+
+    def _find_fused_groups(self) -> None:
+        for module, attr, members in self._fused_group_members():
+            weight = back_to_back([m.weight for m in members])
+            bias = back_to_back([m.bias for m in members]) if members[0].bias is not None else None
+            usable = weight is not None and (members[0].bias is None or bias is not None)
+            setattr(module, attr, (weight, bias) if usable else None)
+
+    @property
+    def fused_groups(self) -> int:
+        """How many projection groups run as one GEMM (2 per layer when all are fused)."""
+        return sum(getattr(module, attr) is not None for module, attr, _ in self._fused_group_members())
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -133,9 +207,13 @@ class CausalLM(nn.Module):
         hidden, _ = ops.add_rms_norm(hidden, residual, m.norm.weight, m.norm.eps)
         return hidden
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits; with ``out`` (model dtype, (T, vocab)) they are written there in the
+        model's dtype instead, for CUDA graphs that need a fixed output buffer."""
         weight = self.model.embed_tokens.weight if self.arch.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if out is None:
+            return F.linear(hidden, weight).float()
+        return torch.matmul(hidden, weight.t(), out=out)
 
     def attach_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Makes the given tensors the parameters, sharing their storage (no copy).
@@ -163,6 +241,8 @@ class CausalLM(nn.Module):
         device = devices.pop()
         if device != self.device:
             self._place(device)
+        else:
+            self._find_fused_groups()
 
     @torch.no_grad()
     def init_random_weights(self, seed: int = 0) -> None:

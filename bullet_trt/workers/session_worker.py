@@ -42,7 +42,9 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
         # Workers start one after the other (the parent waits for "ready"), so each warm-up
         # has the still-empty pool to itself.
         session.warm_up()
-        outbox.put((name, "ready", {"pid": os.getpid(), "partitions": part.describe()}))
+        _capture_graphs(session, part, name, splits, set_num_sms)
+        outbox.put((name, "ready", {"pid": os.getpid(), "partitions": part.describe(),
+                                     "fused_groups": session.model.fused_groups}))
     except Exception:
         outbox.put((name, "error", traceback.format_exc()))
         return
@@ -75,6 +77,26 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
             outbox.put((name, "ok", (results, elapsed_ms)))
         except Exception:
             outbox.put((name, "error", traceback.format_exc()))
+
+
+def _capture_graphs(session, part, role: str, splits: list[int], set_num_sms) -> None:
+    """Every decode graph the worker may replay (each partition it can be given and the whole
+    GPU, every batch bucket), captured before serving rather than at first use."""
+    if getattr(session, "graphs", None) is None:
+        return
+    for split in dict.fromkeys([*splits, None]):  # a static MPS split first: it is its stream
+        try:
+            stream = part.stream(split)
+        except ValueError:  # a static split serves only its own partition
+            continue
+        if set_num_sms is not None:
+            set_num_sms(_sms_of(part, role, split))
+        if stream is None:
+            session.capture_graphs()
+            continue
+        with torch.cuda.stream(stream):
+            session.capture_graphs()
+        stream.synchronize()
 
 
 def _sms_of(part, role: str, prefill_sms: int | None) -> int:
@@ -114,6 +136,9 @@ class SessionWorker:
             raise WorkerDied(f"{name} worker failed to start:\n{payload}")
         self.pid = payload["pid"]
         self.partitions = payload["partitions"]
+        # Projection groups the attached weights let it run as one GEMM (2 per layer when the
+        # shared layout survived the trip into this process).
+        self.fused_groups = payload["fused_groups"]
 
     def _receive(self, timeout_s: float | None = None):
         waited = 0.0
