@@ -44,6 +44,7 @@ class EngineCore:
             profile = dataclasses.replace(cfg.prefill, cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes)
             session = TorchSession(model, self.state.kv_pool, self.state.block_size, profile)
             session.warm_up()
+            session.capture_graphs()
             self.executor: Executor = LocalExecutor(session)
         elif executor == "none":  # a subclass drives its own workers
             del model

@@ -3,8 +3,10 @@
 A decode step of a large model is hundreds of small kernel launches; replaying a captured
 graph removes the launch gaps. A graph runs on the SM set of the stream it was captured on
 (DESIGN.md section 2), so each SM partition's stream gets its own graphs; they share one
-memory pool. Inputs live in static buffers that every replay reads; padded rows write no
-KV (slot -1) and their logits are dropped.
+memory pool and one logits buffer (a process replays one graph at a time). Inputs live in
+static buffers that every replay reads; padded rows write no KV (slot -1) and their logits
+are dropped. A worker captures every (partition, bucket) graph at start (`capture_all`), so
+no capture lands in the middle of serving when the scheduler first picks a split.
 """
 from __future__ import annotations
 
@@ -24,13 +26,21 @@ class DecodeGraphs:
         device = kv_pool.device
         n = self.batch_sizes[-1]
         self.max_blocks = -(-max_model_len // block_size)
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        # Static inputs that every replay reads, in two device buffers (one per dtype) so a
+        # step refills them with three copies from matching pinned host buffers.
+        self.dev_i64 = torch.zeros(3, n, dtype=torch.long, device=device)
+        self.input_ids, self.positions, self.slots = self.dev_i64
+        self.dev_i32 = torch.zeros(n + n * self.max_blocks, dtype=torch.int32, device=device)
+        self.seq_lens = self.dev_i32[:n]
+        self.block_tables = self.dev_i32[n:].view(n, self.max_blocks)
+        self.host_i64 = torch.zeros(3, n, dtype=torch.long).pin_memory()
+        self.host_i32 = torch.zeros(n + n * self.max_blocks, dtype=torch.int32).pin_memory()
+        self.copied = torch.cuda.Event()  # the host buffers are free again once this fires
+        self.slots.fill_(-1)  # captures before the first real step must not write KV
+        self.seq_lens.fill_(1)
         self.cu_seqlens = torch.arange(n + 1, dtype=torch.int32, device=device)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
-        self.slots = torch.full((n,), -1, dtype=torch.int64, device=device)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.logits = torch.empty(n, model.arch.vocab_size, dtype=model.dtype, device=device)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle()
         self.side_stream: torch.cuda.Stream | None = None
 
@@ -44,21 +54,21 @@ class DecodeGraphs:
                                  self.slots[:b], max_seqlen_q=1, max_seqlen_k=self.max_model_len,
                                  block_size=self.block_size)
 
-    def _capture(self, b: int, stream: torch.cuda.Stream):
+    def _forward(self, b: int, meta: AttentionMetadata) -> None:
+        hidden = self.model(self.input_ids[:b], self.positions[:b], self.kv_pool, meta)
+        self.model.compute_logits(hidden, out=self.logits[:b])
+
+    def _capture(self, b: int, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
         meta = self._meta(b)
         for _ in range(2):  # compile the Triton kernels and warm cuBLAS outside the capture
-            self.model.compute_logits(self.model(self.input_ids[:b], self.positions[:b], self.kv_pool, meta))
+            self._forward(b, meta)
         stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-            hidden = self.model(self.input_ids[:b], self.positions[:b], self.kv_pool, meta)
-            logits = self.model.compute_logits(hidden)
-        return graph, logits
+            self._forward(b, meta)
+        return graph
 
-    def run(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]]) -> torch.Tensor:
-        """Logits (B, V) for one decode token per sequence, on the current stream."""
-        batch = len(token_ids)
-        b = self.bucket(batch)
+    def _capture_stream(self) -> torch.cuda.Stream:
         stream = torch.cuda.current_stream()
         if stream == torch.cuda.default_stream():
             # Capture needs a side stream; a plain one spans the same (whole) device.
@@ -66,21 +76,54 @@ class DecodeGraphs:
                 self.side_stream = torch.cuda.Stream()
             self.side_stream.wait_stream(stream)
             stream = self.side_stream
+        return stream
+
+    def capture_all(self) -> int:
+        """Captures every bucket's graph for the current stream now; returns how many were new.
+        The kernels' SM count (``set_num_sms``) must already be the stream's."""
+        stream = self._capture_stream()
+        new = 0
+        for b in self.batch_sizes:
+            if (stream.cuda_stream, b) not in self.graphs:
+                self.graphs[(stream.cuda_stream, b)] = self._capture(b, stream)
+                new += 1
+        return new
+
+    def _stage(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]],
+               b: int) -> None:
+        """Fills the static inputs for a batch padded to b: padded rows read one token of
+        block 0 and write nothing (slot -1)."""
+        batch, n = len(token_ids), self.dev_i64.shape[1]
+        self.copied.synchronize()
+        i64 = self.host_i64.numpy()
+        i64[:2, batch:b] = 0
+        i64[2, batch:b] = -1
+        i64[0, :batch] = token_ids
+        i64[1, :batch] = positions
+        bs = self.block_size
+        i64[2, :batch] = [t[p // bs] * bs + p % bs for t, p in zip(block_tables, positions)]
+        i32 = self.host_i32.numpy()
+        i32[:batch] = positions
+        i32[:batch] += 1
+        i32[batch:b] = 1
+        tables = i32[n:].reshape(n, self.max_blocks)
+        for row, t in zip(tables, block_tables):
+            row[:len(t)] = t
+        tables[batch:b] = 0
+        self.dev_i64.copy_(self.host_i64, non_blocking=True)
+        self.dev_i32[:n].copy_(self.host_i32[:n], non_blocking=True)
+        span = slice(n, n + b * self.max_blocks)
+        self.dev_i32[span].copy_(self.host_i32[span], non_blocking=True)
+        self.copied.record()
+
+    def run(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]]) -> torch.Tensor:
+        """float32 logits (B, V) for one decode token per sequence, on the current stream."""
+        batch = len(token_ids)
+        b = self.bucket(batch)
+        stream = self._capture_stream()
         key = (stream.cuda_stream, b)
-        pad = b - batch
-        self.input_ids[:b].copy_(torch.tensor(token_ids + [0] * pad, device="cpu").pin_memory(), non_blocking=True)
-        self.positions[:b].copy_(torch.tensor(positions + [0] * pad).pin_memory(), non_blocking=True)
-        self.seq_lens[:b].copy_(torch.tensor([p + 1 for p in positions] + [1] * pad, dtype=torch.int32).pin_memory(),
-                                non_blocking=True)
-        table = torch.zeros(b, self.max_blocks, dtype=torch.int32)
-        for i, t in enumerate(block_tables):
-            table[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
-        self.block_tables[:b].copy_(table.pin_memory(), non_blocking=True)
-        slots = [t[p // self.block_size] * self.block_size + p % self.block_size
-                 for t, p in zip(block_tables, positions)] + [-1] * pad
-        self.slots[:b].copy_(torch.tensor(slots, dtype=torch.int64).pin_memory(), non_blocking=True)
+        self._stage(token_ids, positions, block_tables, b)
         if key not in self.graphs:
             self.graphs[key] = self._capture(b, stream)
-        graph, logits = self.graphs[key]
-        graph.replay()  # into the current stream, whichever stream captured it
-        return logits[:batch]
+        self.graphs[key].replay()  # into the current stream, whichever stream captured it
+        return self.logits[:batch].float()

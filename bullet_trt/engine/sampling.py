@@ -78,15 +78,25 @@ def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch
     return (h.double() + 0.5) / 4294967296.0
 
 
+def _device_tensor(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    # Staged through pinned memory so the copy does not wait for the step still running on
+    # the GPU (a copy from pageable memory synchronizes with it).
+    t = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t
+
+
 @dataclass
 class SamplingBatch:
-    """Per-row sampling state packed for one step (rows follow the batch order)."""
+    """Per-row sampling state packed for one step (rows follow the batch order). The
+    per-row tensors are None when every row is greedy: argmax needs none of them."""
 
-    temperature: torch.Tensor  # float32 (B,)
-    top_k: torch.Tensor  # int64 (B,)
-    top_p: torch.Tensor  # float32 (B,)
-    seeds: torch.Tensor  # int64 (B,) (bit pattern of the uint64 seed)
-    steps: torch.Tensor  # int64 (B,): index of the token being sampled in the output
+    temperature: torch.Tensor | None  # float32 (B,)
+    top_k: torch.Tensor | None  # int64 (B,)
+    top_p: torch.Tensor | None  # float32 (B,)
+    seeds: torch.Tensor | None  # int64 (B,) (bit pattern of the uint64 seed)
+    steps: torch.Tensor | None  # int64 (B,): index of the token being sampled in the output
     banned: list[list[int]]  # token ids forbidden on this step (EOS before min_tokens)
     all_greedy: bool
     want_logprobs: bool
@@ -94,18 +104,22 @@ class SamplingBatch:
     @staticmethod
     def build(params: list[SamplingParams], steps: list[int], banned: list[list[int]],
               device: torch.device | str) -> "SamplingBatch":
+        all_greedy = all(p.greedy for p in params)
+        want_logprobs = any(p.logprobs for p in params)
+        if all_greedy:
+            return SamplingBatch(None, None, None, None, None, banned, True, want_logprobs)
         seeds = [p.resolved_seed() for p in params]
         seeds = [s - 2**64 if s >= 2**63 else s for s in seeds]
         return SamplingBatch(
-            temperature=torch.tensor([0.0 if p.greedy else p.temperature for p in params],
-                                     dtype=torch.float32, device=device),
-            top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            seeds=torch.tensor(seeds, dtype=torch.int64, device=device),
-            steps=torch.tensor(steps, dtype=torch.int64, device=device),
+            temperature=_device_tensor([0.0 if p.greedy else p.temperature for p in params],
+                                       torch.float32, device),
+            top_k=_device_tensor([p.top_k for p in params], torch.int64, device),
+            top_p=_device_tensor([p.top_p for p in params], torch.float32, device),
+            seeds=_device_tensor(seeds, torch.int64, device),
+            steps=_device_tensor(steps, torch.int64, device),
             banned=banned,
-            all_greedy=all(p.greedy for p in params),
-            want_logprobs=any(p.logprobs for p in params),
+            all_greedy=False,
+            want_logprobs=want_logprobs,
         )
 
 

@@ -83,6 +83,11 @@ class TorchSession(EngineSession):
         self.run([BatchItem("warm-up", [1], n, table, greedy, True, output_index=1)])
         torch.cuda.synchronize(self.device)
 
+    def capture_graphs(self) -> int:
+        """Captures the decode graph of every batch bucket for the current stream now (and
+        its SM count), instead of at the bucket's first use; returns how many were new."""
+        return self.graphs.capture_all() if self.graphs is not None else 0
+
     def _graph_logits(self, items: list[BatchItem]) -> torch.Tensor | None:
         if self.graphs is None or not all(len(it.input_token_ids) == 1 and it.sample for it in items):
             return None
