@@ -1,9 +1,10 @@
-"""The Bullet policy on synthetic states: SLO-driven split, deadline admission, idle phases."""
+"""The Bullet policy on synthetic states: TTFT- and TPOT-driven split, deadline admission, idle
+phases."""
 from __future__ import annotations
 
 from bullet_trt.scheduler.perf_model import PerfModel, PrefillShape
 from bullet_trt.scheduler.policy import (PolicyState, SloConfig, WaitingPrompt, bullet_policy,
-                                         static_policy)
+                                         queue_meets_ttft, static_policy)
 from tests.test_perf_model import COST, TRUE
 
 MODEL = PerfModel(COST, TRUE)
@@ -17,8 +18,47 @@ def state(decode_batch=32, ctx=1024, waiting=((0.0, 1024),), now=0.0, **kw) -> P
                        waiting=[WaitingPrompt(a, n) for a, n in waiting], **kw)
 
 
-def test_decode_gets_the_fewest_sms_that_meet_tpot():
-    d = bullet_policy(state(), SLO, MODEL)
+def test_prefill_gets_the_fewest_sms_that_keep_the_queue_within_ttft():
+    queue = tuple((0.0, 2048) for _ in range(8))
+    st = state(waiting=queue, max_prefill_seqs=4)
+    d = bullet_policy(st, SLO, MODEL)
+    assert d.prefill_sms > SPLITS[0]  # this queue needs more than the smallest split
+    assert queue_meets_ttft(st, SLO, MODEL, d.prefill_sms)
+    assert not queue_meets_ttft(st, SLO, MODEL, d.prefill_sms - 8)
+    assert d.predicted_decode_ms <= SLO.tpot_ms * SLO.margin
+    assert d.admit == [0, 1, 2, 3]  # the first capped batch, in arrival order
+
+
+def test_light_queue_leaves_decode_the_most_sms():
+    d = bullet_policy(state(waiting=((0.0, 128),)), SLO, MODEL)
+    assert d.prefill_sms == SPLITS[0] and d.decode_sms(132) == 124
+
+
+def test_more_waiting_work_takes_more_prefill_sms():
+    def split_for(n: int) -> int:
+        return bullet_policy(state(waiting=tuple((0.0, 1024) for _ in range(n))), SLO, MODEL).prefill_sms
+    sms = [split_for(n) for n in (1, 4, 8, 16)]
+    assert sms == sorted(sms) and sms[-1] > sms[0]
+
+
+def test_one_batch_may_take_only_half_the_ttft_budget():
+    """A 4096-token prompt that would meet its own deadline on fewer SMs still gets enough
+    SMs to finish within half the budget, so a prompt arriving behind it can make its own."""
+    st = state(waiting=((0.0, 4096),))
+    budget = SLO.ttft_ms * SLO.margin
+    slow = [s for s in SPLITS if budget / 2 < MODEL.prefill_ms(PrefillShape.of([4096]), s) <= budget]
+    assert slow  # the case exists in this model
+    assert not any(queue_meets_ttft(st, SLO, MODEL, s) for s in slow)
+    d = bullet_policy(st, SLO, MODEL)
+    assert d.prefill_sms > max(slow)
+    assert MODEL.prefill_ms(PrefillShape.of([4096]), d.prefill_sms) <= budget / 2
+
+
+LATE = ((-5.0, 4096), (-4.0, 4096))  # past their deadlines whatever the split
+
+
+def test_ttft_at_risk_prefill_takes_what_decode_can_spare():
+    d = bullet_policy(state(waiting=LATE), SLO, MODEL)
     decode_sms = d.decode_sms(132)
     assert MODEL.decode_ms(32, 32 * 1024, decode_sms) <= SLO.tpot_ms * SLO.margin
     # one granule fewer would miss the (margined) SLO, unless decode is already at the minimum
@@ -28,8 +68,8 @@ def test_decode_gets_the_fewest_sms_that_meet_tpot():
 
 
 def test_tighter_tpot_gives_decode_more_sms():
-    loose = bullet_policy(state(decode_batch=128, ctx=2048), SloConfig(1000, 60), MODEL)
-    tight = bullet_policy(state(decode_batch=128, ctx=2048), SloConfig(1000, 25), MODEL)
+    loose = bullet_policy(state(decode_batch=128, ctx=2048, waiting=LATE), SloConfig(1000, 60), MODEL)
+    tight = bullet_policy(state(decode_batch=128, ctx=2048, waiting=LATE), SloConfig(1000, 25), MODEL)
     assert tight.decode_sms(132) > loose.decode_sms(132)
 
 

@@ -1,10 +1,16 @@
 """SLO-aware SM split and prefill admission: a pure function of the engine's state.
 
-Called whenever the prefill worker is free and prompts are waiting. Decode gets the fewest SMs
-whose predicted step time meets the TPOT SLO (with a safety margin); prefill gets the rest and
-admits waiting prompts, earliest TTFT deadline first, while the predicted prefill time keeps
-every admitted prompt within its deadline. A phase with nothing to do yields every SM.
-The `static` policy is the fixed-split baseline behind the same signature.
+Called whenever the prefill worker is free and prompts are waiting. Prefill gets the fewest SMs
+with which the whole queue, prefilled in arrival order in capped batches, meets its TTFT
+deadlines, and with which one batch takes at most half the TTFT budget (so a prompt that just
+missed it still makes its own deadline); decode keeps the rest, as long as its step meets the
+TPOT SLO there. Decode, the phase that runs all the time, thus gets as many SMs as TTFT allows,
+and prefill batches grow with the load instead of running small and often on most of the GPU.
+When no split keeps the queue within TTFT, prefill takes the most SMs whose remainder still
+meets TPOT. Both SLOs are planned with a safety margin. The batch admits waiting prompts,
+earliest deadline first, while the predicted prefill time keeps each within its deadline. A
+phase with nothing to do yields every SM. The `static` policy is the fixed-split baseline
+behind the same signature.
 """
 from __future__ import annotations
 
@@ -73,22 +79,50 @@ def _admit(state: PolicyState, slo: SloConfig, model: PerfModel, sms: int) -> tu
     return admitted, predicted
 
 
+def queue_meets_ttft(state: PolicyState, slo: SloConfig, model: PerfModel, sms: int) -> bool:
+    """Whether prefilling the waiting prompts (those with a decode slot to go to) in arrival
+    order, in batches capped like the admission, on `sms` SMs finishes each within its TTFT
+    deadline, with no batch longer than half the TTFT budget."""
+    budget = slo.ttft_ms * slo.margin
+    order = sorted(range(len(state.waiting)), key=lambda i: state.waiting[i].arrival)
+    order = order[:max(0, state.free_seq_slots)]
+    elapsed, start = 0.0, 0
+    while start < len(order):
+        end, tokens = start, 0
+        while (end < len(order) and end - start < state.max_prefill_seqs
+               and (end == start or tokens + state.waiting[order[end]].num_tokens <= state.max_prefill_tokens)):
+            tokens += state.waiting[order[end]].num_tokens
+            end += 1
+        batch = [state.waiting[i] for i in order[start:end]]
+        ms = model.prefill_ms(PrefillShape.of([w.num_tokens for w in batch]), sms)
+        elapsed += ms
+        if ms > budget / 2:
+            return False
+        if any(elapsed > (w.arrival - state.now) * 1e3 + budget for w in batch):
+            return False
+        start = end
+    return True
+
+
 def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decision:
     if not state.waiting or state.free_seq_slots <= 0:
         return Decision(prefill_sms=None, admit=[])
     if state.decode_batch == 0 or not state.splits:  # alone, or nothing to split (CPU)
         admit, ms = _admit(state, slo, model, state.total_sms)
         return Decision(None, admit, predicted_prefill_ms=ms)
-    budget = slo.tpot_ms * slo.margin
-    chosen = state.splits[0]  # decode keeps the most SMs if no split meets the SLO
-    decode_ms = model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms - chosen)
-    for prefill_sms in reversed(state.splits):  # most SMs for prefill first
-        ms = model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms - prefill_sms)
-        if ms <= budget:
-            chosen, decode_ms = prefill_sms, ms
-            break
+
+    def decode_ms(prefill_sms: int) -> float:
+        return model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms - prefill_sms)
+
+    tpot_ok = [s for s in state.splits if decode_ms(s) <= slo.tpot_ms * slo.margin]
+    # Fewest prefill SMs that keep TTFT; decode keeps the rest (if that meets TPOT).
+    chosen = next((s for s in tpot_ok if queue_meets_ttft(state, slo, model, s)), None)
+    if chosen is None:
+        # TTFT is at risk: prefill takes what decode can spare and stay within TPOT, or,
+        # when no split meets TPOT, as little as the partitioner offers.
+        chosen = tpot_ok[-1] if tpot_ok else state.splits[0]
     admit, pre_ms = _admit(state, slo, model, chosen)
-    return Decision(chosen, admit, predicted_prefill_ms=pre_ms, predicted_decode_ms=decode_ms)
+    return Decision(chosen, admit, predicted_prefill_ms=pre_ms, predicted_decode_ms=decode_ms(chosen))
 
 
 def static_policy(state: PolicyState, slo: SloConfig, model: PerfModel, prefill_sms: int) -> Decision:
