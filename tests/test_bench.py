@@ -226,11 +226,13 @@ def test_record_json_round_trip():
 # report: JSON per run, summary.md, plots, --compare re-scoring
 # ---------------------------------------------------------------------------------------------
 
-def _fake_run(out_dir, label, rate, ttft):
+def _fake_run(out_dir, label, rate, ttft, seed=0, late=0):
+    """Four requests with the given TTFT, the first `late` of them 1 s late instead."""
     from bullet_trt.bench.serve_bench import write_result
-    w = ds.build_workload("sharegpt", rate, 4, seed=0, prompts=False)
-    records = [rec(i, r.arrival_s, [r.arrival_s + ttft + 0.01 * k for k in range(3)]) for i, r in enumerate(w.requests)]
-    return write_result(out_dir, label=label, dataset="sharegpt", rate=rate, seed=0, backend="test",
+    w = ds.build_workload("sharegpt", rate, 4, seed=seed, prompts=False)
+    records = [rec(i, r.arrival_s, [r.arrival_s + (1.0 if i < late else ttft) + 0.01 * k for k in range(3)])
+               for i, r in enumerate(w.requests)]
+    return write_result(out_dir, label=label, dataset="sharegpt", rate=rate, seed=seed, backend="test",
                         records=records, workload=w, ttft_slo_ms=100.0, tpot_slo_ms=50.0)
 
 
@@ -243,15 +245,40 @@ def test_report_table_plots_and_compare(tmp_path, capsys):
     (tmp_path / "unrelated.json").write_text('{"hello": 1}')
     assert serve_bench.main(["--compare", str(tmp_path)]) == 0
     md = (tmp_path / "summary.md").read_text()
-    rows = [line for line in md.splitlines() if line.startswith("| ") and "label" not in line]
-    assert len(rows) == 3 and rows[0].startswith("| bullet | sharegpt | 1 | 4/4")
-    assert "| chunked | sharegpt | 2 | 4/4" in md and "| 0.0% |" in md  # TTFT 200 ms > 100 ms
+    runs_table = md.split("## Sustained")[0]
+    rows = [line for line in runs_table.splitlines() if line.startswith("| ") and "label" not in line]
+    assert len(rows) == 3 and rows[0].startswith("| bullet | sharegpt | 1 | 0 | 4/4")
+    assert "| chunked | sharegpt | 2 | 0 | 4/4" in md and "| 0.0% |" in md  # TTFT 200 ms > 100 ms
     for png in ("slo_attainment_sharegpt.png", "latency_cdf_sharegpt_rate1.png", "latency_cdf_sharegpt_rate2.png"):
         assert (tmp_path / png).stat().st_size > 1000
     # re-scored with a looser TTFT SLO, from the per-request values in the JSON
     assert serve_bench.main(["--compare", str(tmp_path), "--ttft-slo-ms", "500", "--no-plots"]) == 0
     md = (tmp_path / "summary.md").read_text()
     assert "TTFT <= 500 ms" in md and "| 0.0% |" not in md
+
+
+def test_sustained_rate_averages_repeats_and_stops_at_the_first_miss(tmp_path):
+    from bullet_trt.bench import capacity, serve_bench
+    # chunked: 100% at 1, then 75% and 100% at 2 (mean 87.5% < 90%), 100% at 3
+    _fake_run(tmp_path, "chunked", 1.0, 0.05)
+    _fake_run(tmp_path, "chunked", 2.0, 0.05, seed=0, late=1)
+    _fake_run(tmp_path, "chunked", 2.0, 0.05, seed=1)
+    _fake_run(tmp_path, "chunked", 3.0, 0.05)
+    # bullet: 100% at 1 and 2, 75% + 100% + 100% at 3 (mean 91.7%), 0% at 4
+    for rate in (1.0, 2.0):
+        _fake_run(tmp_path, "bullet", rate, 0.05)
+    for seed, late in ((0, 1), (1, 0), (2, 0)):
+        _fake_run(tmp_path, "bullet", 3.0, 0.05, seed=seed, late=late)
+    _fake_run(tmp_path, "bullet", 4.0, 0.05, late=4)
+    assert (tmp_path / "bullet__sharegpt__rate3__seed2.json").is_file()
+    docs = serve_bench.load_results(tmp_path)
+    caps = {c.label: c for c in capacity.capacities([(d, d["summary"]["slo_attainment"]) for d in docs])}
+    assert caps["chunked"].sustained == 1.0 and caps["chunked"].first_miss == 2.0  # 3 does not count
+    assert caps["bullet"].sustained == 3.0 and caps["bullet"].first_miss == 4.0
+    assert caps["bullet"].attainment[3.0] == [0.75, 1.0, 1.0]
+    serve_bench.rebuild_report(tmp_path, plots=False)
+    md = (tmp_path / "summary.md").read_text()
+    assert "| sharegpt | bullet | 3 | 4 | 3.00x chunked |" in md
 
 
 def test_rates_parsing():
@@ -356,7 +383,7 @@ def test_serve_bench_end_to_end(server, tmp_path, capsys):
                            "--max-output-tokens", "4", "--label", "chunked", "--warmup", "1",
                            "--out", str(out)])
     assert rc == 0
-    doc = json.loads((out / "chunked__sharegpt__rate50.json").read_text())
+    doc = json.loads((out / "chunked__sharegpt__rate50__seed3.json").read_text())
     s = doc["summary"]
     assert s["num_requests"] == 8 and s["completed"] == 8 and s["failed"] == 0, s["errors"]
     assert doc["stopped_early"] is None
@@ -368,11 +395,11 @@ def test_serve_bench_end_to_end(server, tmp_path, capsys):
     assert s["total_output_tokens"] == sum(r["max_tokens"] for r in doc["requests"])
     assert s["ttft_s"]["n"] == 8 and s["request_throughput"] > 0
     md = (out / "summary.md").read_text()
-    assert "| chunked | sharegpt | 50 | 8/8 |" in md
+    assert "| chunked | sharegpt | 50 | 3 | 8/8 |" in md
     assert (out / "slo_attainment_sharegpt.png").stat().st_size > 1000
     assert (out / "latency_cdf_sharegpt_rate50.png").stat().st_size > 1000
     printed = capsys.readouterr()
-    assert "chunked sharegpt 50 req/s: 8/8 done" in printed.out
+    assert "chunked sharegpt 50 req/s seed 3: 8/8 done" in printed.out
     assert "sent 8/8" in printed.err  # the progress line
 
 
@@ -412,7 +439,7 @@ def test_hf_peer_replays_the_workload_on_cpu(tmp_path):
                        "--cb", "num_blocks=64", "--cb", "max_batch_tokens=1024", "--no-progress", "--no-plots",
                        "--out", str(out)])
     assert rc == 0
-    doc = json.loads((out / "hf-cb__sharegpt__rate50.json").read_text())
+    doc = json.loads((out / "hf-cb__sharegpt__rate50__seed3.json").read_text())
     assert doc["backend"] == "transformers-continuous-batching" and doc["notes"]
     assert doc["summary"]["completed"] == 6
     # the same requests `bench serve` sends (same dataset, seed and caps)

@@ -12,12 +12,17 @@
     # rebuild summary.md and the plots from the JSON files in a directory
     bullet-trt bench serve --compare results/
 
-Every run (one label, one dataset, one rate) writes ``<label>__<dataset>__rate<r>.json``;
-after each run ``summary.md`` and the plots are rebuilt from ALL JSON files in the output
-directory, so runs of several modes (and of the transformers peer, `bench hf-peer`) land in
-one table: ``slo_attainment_<dataset>.png`` (SLO attainment and goodput against the rate, one
-line per label) and ``latency_cdf_<dataset>_rate<r>.png`` (TTFT and TPOT CDFs per label).
-Metric definitions: bullet_trt/bench/metrics.py and docs/benchmarking.md.
+Every run (one label, one dataset, one rate, one seed) writes
+``<label>__<dataset>__rate<r>.json`` (``…__seed<s>.json`` for seeds other than 0); with
+``--repeats N`` each rate runs N times with seeds seed … seed+N-1 (other arrivals and
+lengths, same distribution). After each run ``summary.md`` and the plots are rebuilt from ALL
+JSON files in the output directory, so runs of several modes (and of the transformers peer,
+`bench hf-peer`) land in one table, followed by each label's sustained rate (the highest rate
+at which it and every lower rate keep the mean SLO attainment >= 90%; bullet_trt/bench/
+capacity.py) and its ratio to the best chunked label: ``slo_attainment_<dataset>.png`` (mean
+SLO attainment and goodput against the rate, one line per label) and
+``latency_cdf_<dataset>_rate<r>.png`` (TTFT and TPOT CDFs per label). Metric definitions:
+bullet_trt/bench/metrics.py and docs/benchmarking.md.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bullet_trt.cli import parse_sets
+from bullet_trt.bench import capacity
 from bullet_trt.bench import datasets as ds
 from bullet_trt.bench.metrics import RequestRecord, cdf, slo_attainment, summarize
 
@@ -90,8 +96,9 @@ def dataset_name(dataset: str) -> str:
     return dataset
 
 
-def result_path(out_dir: Path, label: str, dataset: str, rate: float) -> Path:
-    return Path(out_dir) / f"{_slug(label)}__{_slug(dataset_name(dataset))}__rate{rate:g}.json"
+def result_path(out_dir: Path, label: str, dataset: str, rate: float, seed: int = 0) -> Path:
+    repeat = f"__seed{seed}" if seed else ""
+    return Path(out_dir) / f"{_slug(label)}__{_slug(dataset_name(dataset))}__rate{rate:g}{repeat}.json"
 
 
 def write_result(out_dir: Path, *, label: str, dataset: str, rate: float, seed: int, backend: str,
@@ -113,7 +120,7 @@ def write_result(out_dir: Path, *, label: str, dataset: str, rate: float, seed: 
         **(extra or {}),
         "requests": [r.to_json(token_times=token_times) for r in records],
     }
-    path = result_path(out_dir, label, dataset, rate)
+    path = result_path(out_dir, label, dataset, rate, seed)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, path)
@@ -155,7 +162,7 @@ def _ms(x) -> str:
 
 
 def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None) -> str:
-    docs = sorted(docs, key=lambda d: (d["dataset"], d["label"], d["rate"]))
+    docs = sorted(docs, key=lambda d: (d["dataset"], d["label"], d["rate"], d.get("seed", 0)))
     lines = ["# Serving benchmark", ""]
     slos = sorted({(ttft_slo_ms if ttft_slo_ms is not None else d["slo"]["ttft_ms"],
                     tpot_slo_ms if tpot_slo_ms is not None else d["slo"]["tpot_ms"]) for d in docs})
@@ -163,7 +170,7 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
                  + ". Latencies in ms (p50 / p90 / p99). Attainment counts failed requests as misses; "
                  "goodput = requests meeting the SLO per second. Definitions: docs/benchmarking.md.")
     lines.append("")
-    head = ["label", "dataset", "rate (req/s)", "done", "req/s", "out tok/s", "TTFT p50/p90/p99",
+    head = ["label", "dataset", "rate (req/s)", "seed", "done", "req/s", "out tok/s", "TTFT p50/p90/p99",
             "TPOT p50/p90/p99", "ITL p50/p90/p99", "E2E p50", "SLO attain.", "goodput (req/s)"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join("---" for _ in head) + "|")
@@ -174,11 +181,13 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
             v = s[key]
             return f"{_ms(v.get('p50'))} / {_ms(v.get('p90'))} / {_ms(v.get('p99'))}"
 
-        row = [d["label"], d["dataset"], f"{d['rate']:g}", f"{s['completed']}/{s['num_requests']}",
+        row = [d["label"], d["dataset"], f"{d['rate']:g}", str(d.get("seed", 0)), f"{s['completed']}/{s['num_requests']}",
                f"{s['request_throughput']:.2f}", f"{s['output_token_throughput']:.1f}", trio("ttft_s"),
                trio("tpot_s"), trio("itl_s"), _ms(s["e2e_s"].get("p50")), f"{s['slo_attainment'] * 100:.1f}%",
                f"{s['goodput']:.2f}"]
         lines.append("| " + " | ".join(row) + " |")
+    lines += ["", capacity.markdown(capacity.capacities(
+        [(d, rescore(d, ttft_slo_ms, tpot_slo_ms)["slo_attainment"]) for d in docs]))]
     notes = [(d["label"], d["dataset"], d["rate"], n) for d in docs for n in
              ([f"stopped early: {d['stopped_early']}"] if d.get("stopped_early") else []) + list(d.get("notes") or [])]
     if notes:
@@ -201,11 +210,16 @@ def plot_results(docs: list[dict], out_dir: Path, ttft_slo_ms: float | None = No
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
         slo_text = ""
         for label in labels:
-            runs = sorted((d for d in group if d["label"] == label), key=lambda d: d["rate"])
+            runs = [d for d in group if d["label"] == label]
             scored = [rescore(d, ttft_slo_ms, tpot_slo_ms) for d in runs]
-            rates = [d["rate"] for d in runs]
-            ax1.plot(rates, [s["slo_attainment"] * 100 for s in scored], marker="o", label=label)
-            ax2.plot(rates, [s["goodput"] for s in scored], marker="o", label=label)
+            rates = sorted({d["rate"] for d in runs})
+            # repeated runs (seeds) of one rate: the mean, with the spread as error bars
+            att = [[s["slo_attainment"] * 100 for d, s in zip(runs, scored) if d["rate"] == r] for r in rates]
+            good = [[s["goodput"] for d, s in zip(runs, scored) if d["rate"] == r] for r in rates]
+            for ax, values in ((ax1, att), (ax2, good)):
+                mid = [sum(v) / len(v) for v in values]
+                spread = [[m - min(v) for m, v in zip(mid, values)], [max(v) - m for m, v in zip(mid, values)]]
+                ax.errorbar(rates, mid, yerr=spread, marker="o", capsize=3, label=label)
             slo_text = f"TTFT <= {scored[0]['ttft_slo_s'] * 1e3:g} ms, TPOT <= {scored[0]['tpot_slo_s'] * 1e3:g} ms"
         ax1.set_xlabel("request rate (req/s)")
         ax1.set_ylabel("SLO attainment (%)")
@@ -226,12 +240,14 @@ def plot_results(docs: list[dict], out_dir: Path, ttft_slo_ms: float | None = No
         for rate in sorted({d["rate"] for d in group}):
             runs = [d for d in group if d["rate"] == rate]
             fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-            for d in sorted(runs, key=lambda d: d["label"]):
-                reqs = [r for r in d.get("requests") or [] if r.get("finished") and not r.get("error")]
+            for label in sorted({d["label"] for d in runs}):
+                # one CDF per label over the requests of all its repeats at this rate
+                reqs = [r for d in runs if d["label"] == label
+                        for r in d.get("requests") or [] if r.get("finished") and not r.get("error")]
                 for ax, key in ((ax1, "ttft_s"), (ax2, "tpot_s")):
                     x, y = cdf(r.get(key) for r in reqs)
                     if x.size:
-                        ax.step(x * 1e3, y, where="post", label=d["label"])
+                        ax.step(x * 1e3, y, where="post", label=label)
             s0 = rescore(runs[0], ttft_slo_ms, tpot_slo_ms)
             for ax, name, slo in ((ax1, "TTFT", s0["ttft_slo_s"]), (ax2, "TPOT", s0["tpot_slo_s"])):
                 ax.axvline(slo * 1e3, color="gray", linestyle="--", linewidth=1, label=f"SLO {slo * 1e3:g} ms")
@@ -264,7 +280,8 @@ def rebuild_report(out_dir: Path, ttft_slo_ms: float | None = None, tpot_slo_ms:
 
 def format_row(doc: dict) -> str:
     s = doc["summary"]
-    return (f"{doc['label']} {doc['dataset']} {doc['rate']:g} req/s: {s['completed']}/{s['num_requests']} done, "
+    seed = f" seed {doc['seed']}" if doc.get("seed") else ""
+    return (f"{doc['label']} {doc['dataset']} {doc['rate']:g} req/s{seed}: {s['completed']}/{s['num_requests']} done, "
             f"{s['request_throughput']:.2f} req/s, {s['output_token_throughput']:.1f} out tok/s, "
             f"TTFT p50 {_ms(s['ttft_s']['p50'])} ms p99 {_ms(s['ttft_s']['p99'])} ms, "
             f"TPOT p50 {_ms(s['tpot_s']['p50'])} ms p99 {_ms(s['tpot_s']['p99'])} ms, "
@@ -305,6 +322,9 @@ def add_workload_args(ap: argparse.ArgumentParser) -> None:
     n.add_argument("--num-requests", type=int, help="requests per rate (default 100)")
     n.add_argument("--duration", type=float, help="seconds of arrivals per rate (requests = those arriving in it)")
     g.add_argument("--seed", type=int, default=0, help="seed of lengths, arrivals and prompts (default 0)")
+    g.add_argument("--repeats", type=int, default=1,
+                   help="runs per rate, with seeds seed, seed+1, ...; the summary averages their SLO "
+                        "attainment (default 1)")
     g.add_argument("--max-output-tokens", type=int, default=None, help="cap on each request's output length")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="clip input + output to this (default: the engine's, when --engine-dir is given)")
@@ -332,10 +352,14 @@ def workloads_from_args(args, tokenizer, max_model_len) -> list[ds.Workload]:
         num = 100
     if num is not None and num <= 0:
         raise SystemExit(f"--num-requests must be > 0, got {num}")
+    repeats = getattr(args, "repeats", 1)
+    if repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {repeats}")
     out = []
     for rate in rates:
-        out.append(ds.build_workload(args.dataset, rate, num, args.duration, args.seed, tokenizer,
-                                     max_model_len, args.max_output_tokens))
+        for seed in range(args.seed, args.seed + repeats):
+            out.append(ds.build_workload(args.dataset, rate, num, args.duration, seed, tokenizer,
+                                         max_model_len, args.max_output_tokens))
     return out
 
 
@@ -462,7 +486,7 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
     if workloads:
         warm_up(url, args.model, warmup_requests(workloads[0], args.warmup, getattr(args, "_tokenizer", None)))
     for w in workloads:
-        rate_text = f"{w.rate:g} req/s"
+        rate_text = f"{w.rate:g} req/s" + (f" seed {w.seed}" if w.seed else "")
         opts = LoadGenOptions(model=args.model, temperature=args.temperature, fixed_output=not args.allow_eos,
                               streams=args.streams, drain_timeout_s=args.drain_timeout_s,
                               timeout_s=args.timeout_s or (w.duration_s + args.drain_timeout_s + 60))
