@@ -175,3 +175,23 @@ def test_prefill_and_decode_in_two_processes_match_one_process(llama_engine):
     assert fused == [2 * layers] * 2  # shared memory kept the fused layout
     assert [c.token_ids for c in out] == ref
     assert stats.kv_blocks_free == stats.kv_blocks_total
+
+
+def test_sequence_token_slices_match_the_concatenated_list():
+    from bullet_trt.engine.sequence import Sequence
+    seq = Sequence("s", [5, 6, 7, 8], SamplingParams(), output_token_ids=[9, 10, 11])
+    whole = seq.all_token_ids
+    for start in range(len(whole) + 1):
+        for count in range(len(whole) - start + 1):
+            assert seq.token_ids(start, count) == whole[start:start + count]
+
+
+def test_banned_tokens_are_masked_per_row_in_one_batch():
+    from bullet_trt.engine.sampling import SamplingBatch, sample
+    logits = torch.zeros(3, 10)
+    logits[:, 4] = 5.0  # everyone's argmax
+    logits[:, 7] = 4.0
+    params = [SamplingParams(temperature=0.0)] * 3
+    batch = SamplingBatch.build(params, [0, 0, 0], [[4], [], [4, 7]], "cpu")
+    tokens, _ = sample(logits, batch)
+    assert tokens.tolist() == [7, 4, 0]

@@ -35,7 +35,10 @@ def test_greedy_outputs_identical_across_modes(llama_engine, tmp_path):
     assert sum(r["batch"] for r in records if r["phase"] == "prefill") >= len(batch)
     for r in records:
         assert r["measured_ms"] > 0 and r["predicted_ms"] > 0
+        assert r["wall_ms"] >= r["measured_ms"]  # the worker's own time is part of the round trip
         assert set(r) >= {"t", "phase", "batch", "tokens", "prefill_sms", "decode_sms", "waiting"}
+    decodes = [r for r in records if r["phase"] == "decode"]
+    assert all(r["host_gap_ms"] >= 0 for r in decodes[1:]) and "host_gap_ms" not in decodes[0]
     png = plot(records, tmp_path / "split.png")
     assert png.stat().st_size > 1000
 

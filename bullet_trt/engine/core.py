@@ -98,7 +98,7 @@ class EngineCore:
     def _item(self, chunk: ScheduledChunk) -> BatchItem:
         seq = chunk.seq
         start = seq.num_cached_tokens
-        tokens = seq.all_token_ids[start:start + chunk.num_new_tokens]
+        tokens = seq.token_ids(start, chunk.num_new_tokens)
         sample = chunk.completes_prompt
         banned: list[int] = []
         p = seq.params

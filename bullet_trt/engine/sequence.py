@@ -41,6 +41,17 @@ class Sequence:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_ids(self, start: int, count: int) -> list[int]:
+        """all_token_ids[start:start + count] without building the whole list (a decode step
+        asks this of every running sequence)."""
+        prompt = self.prompt_token_ids
+        end = start + count
+        if start >= len(prompt):
+            return self.output_token_ids[start - len(prompt):end - len(prompt)]
+        if end <= len(prompt):
+            return prompt[start:end]
+        return prompt[start:] + self.output_token_ids[:end - len(prompt)]
+
     @property
     def num_uncached(self) -> int:
         return self.num_tokens - self.num_cached_tokens

@@ -99,6 +99,7 @@ class SpatialEngineCore(EngineCore):
         self.inflight: dict[str, dict] = {}
         self.current_prefill_sms: int | None = static_split
         self.last_split = (0, 0)
+        self.last_decode_end: float | None = None
         self.log = open(s.iteration_log, "a") if s.iteration_log else None
         from bullet_trt.sm.gpu_monitor import GpuMonitor
         gpu_index = (device.index or 0) if device.type == "cuda" else None
@@ -167,7 +168,7 @@ class SpatialEngineCore(EngineCore):
         self.decode.submit(items, split)
         self.inflight["decode"] = dict(seqs=batch, chunks=chunks,
                                        predicted=predicted, split=split, tokens=len(batch),
-                                       start=time.monotonic())
+                                       start=time.monotonic(), after=self.last_decode_end)
 
     def _preempt(self, seq: Sequence) -> None:
         q = self.scheduler
@@ -235,6 +236,7 @@ class SpatialEngineCore(EngineCore):
                 raise WorkerDied(f"{name} worker failed:\n{payload}")
             results, measured_ms = payload
             job = self.inflight.pop(name)
+            job["end"] = time.monotonic()
             outputs += self._complete(name, job, results, measured_ms)
             return outputs
 
@@ -265,6 +267,8 @@ class SpatialEngineCore(EngineCore):
         return outputs
 
     def _record(self, phase: str, job: dict, measured_ms: float) -> None:
+        if phase == "decode":
+            self.last_decode_end = job["end"]
         total = self.partitioner.total_sms  # 0 without partitioning (CPU)
         split = job["split"]
         prefill_sms = total if split is None else split
@@ -281,6 +285,11 @@ class SpatialEngineCore(EngineCore):
                "predicted_ms": round(job["predicted"], 3), "measured_ms": round(measured_ms, 3),
                "waiting": len(q.waiting), "prefilling": len(q.prefilling), "decoding": len(q.decoding),
                **self.gpu_monitor.sample()}
+        # wall: submit to result as the orchestrator sees it (measured_ms plus the IPC);
+        # host gap: from the previous decode result to this launch (the decode worker idles)
+        rec["wall_ms"] = round((job["end"] - job["start"]) * 1e3, 3)
+        if phase == "decode" and job.get("after") is not None:
+            rec["host_gap_ms"] = round((job["start"] - job["after"]) * 1e3, 3)
         self.log.write(json.dumps(rec) + "\n")
         self.log.flush()
 
