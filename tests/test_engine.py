@@ -195,3 +195,13 @@ def test_banned_tokens_are_masked_per_row_in_one_batch():
     batch = SamplingBatch.build(params, [0, 0, 0], [[4], [], [4, 7]], "cpu")
     tokens, _ = sample(logits, batch)
     assert tokens.tolist() == [7, 4, 0]
+
+
+def test_outputs_of_one_request_coalesce_in_order():
+    from bullet_trt.engine.request import RequestOutput, coalesce
+    outs = [RequestOutput("a", [1], [-0.1]), RequestOutput("b", [7]), RequestOutput("a", [2, 3], [-0.2, -0.3]),
+            RequestOutput("a", [], None, True, "length", 4, 3)]
+    a, b = coalesce(outs)
+    assert (a.request_id, a.new_token_ids, a.new_logprobs) == ("a", [1, 2, 3], [-0.1, -0.2, -0.3])
+    assert a.finished and a.finish_reason == "length" and a.num_output_tokens == 3
+    assert (b.request_id, b.new_token_ids, b.finished) == ("b", [7], False)

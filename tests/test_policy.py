@@ -86,15 +86,15 @@ def test_idle_phases_yield_every_sm():
 
 
 def test_admission_respects_deadlines_and_budgets():
-    # ten 2048-token prompts that arrived 0.9 s ago: only a few fit in the remaining slack
-    many = tuple((-0.9 + i * 0.001, 2048) for i in range(10))
+    # ten 2048-token prompts that arrived 0.5 s ago: only a few fit in the remaining slack
+    many = tuple((-0.5 + i * 0.001, 2048) for i in range(10))
     d = bullet_policy(state(waiting=many, max_prefill_tokens=1 << 20, max_prefill_seqs=64), SLO, MODEL)
     assert 1 <= len(d.admit) < 10
     assert d.admit == sorted(d.admit)  # earliest deadline first
-    sms = d.prefill_sms
     tokens = [2048] * len(d.admit)
-    slack = (-0.9 - 0.0) * 1e3 + SLO.ttft_ms * SLO.margin
-    assert len(d.admit) == 1 or MODEL.prefill_ms(PrefillShape.of(tokens), sms) <= slack + 1e-9
+    slack = -0.5 * 1e3 + SLO.ttft_ms * SLO.margin
+    assert len(d.admit) == 1 or MODEL.prefill_ms(PrefillShape.of(tokens), d.prefill_sms) <= slack + 1e-9
+    assert MODEL.prefill_ms(PrefillShape.of(tokens + [2048]), d.prefill_sms) > slack
     # the token budget and the free decode slots cap the batch too
     fresh = tuple((0.0, 1000) for _ in range(10))
     assert len(bullet_policy(state(waiting=fresh, max_prefill_tokens=3000), SLO, MODEL).admit) == 3
@@ -105,6 +105,18 @@ def test_admission_respects_deadlines_and_budgets():
 def test_late_head_still_admitted():
     d = bullet_policy(state(waiting=((-5.0, 4096), (-4.0, 4096))), SLO, MODEL)
     assert d.admit[0] == 0
+
+
+def test_a_late_queue_is_prefilled_in_full_batches():
+    """Prompts already past their deadline do not bound the batch: one-prompt batches would
+    only fall further behind."""
+    late = tuple((-2.0 + i * 0.001, 512) for i in range(20))
+    d = bullet_policy(state(waiting=late, max_prefill_seqs=8), SLO, MODEL)
+    assert d.admit == list(range(8))
+    # behind them, a fresh prompt still bounds what joins it
+    fresh = late[:4] + tuple((0.001 * i, 4096) for i in range(16))
+    d = bullet_policy(state(waiting=fresh, max_prefill_seqs=20, max_prefill_tokens=1 << 20), SLO, MODEL)
+    assert 5 <= len(d.admit) < 20
 
 
 def test_static_policy_never_moves_the_split():

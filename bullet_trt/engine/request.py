@@ -23,6 +23,24 @@ class RequestOutput:
     num_output_tokens: int = 0
     error: str | None = None
 
+    def followed_by(self, later: "RequestOutput") -> "RequestOutput":
+        """One output carrying this one's tokens and then ``later``'s (same request)."""
+        logprobs = None
+        if self.new_logprobs is not None or later.new_logprobs is not None:
+            logprobs = (self.new_logprobs or []) + (later.new_logprobs or [])
+        return RequestOutput(self.request_id, self.new_token_ids + later.new_token_ids, logprobs,
+                             later.finished, later.finish_reason, later.num_prompt_tokens,
+                             later.num_output_tokens, later.error)
+
+
+def coalesce(outputs: list[RequestOutput]) -> list[RequestOutput]:
+    """Merges the outputs of each request into one, in order of first appearance."""
+    merged: dict[str, RequestOutput] = {}
+    for out in outputs:
+        prev = merged.get(out.request_id)
+        merged[out.request_id] = out if prev is None else prev.followed_by(out)
+    return list(merged.values())
+
 
 @dataclass
 class EngineStats:

@@ -71,16 +71,37 @@ class TorchSession(EngineSession):
 
     def warm_up(self) -> None:
         """Compiles the GPU kernels before the first request (Triton compiles on first use,
-        seconds per kernel) with a throwaway prefill and decode step. Call it only before
-        any request holds KV blocks: it writes into the first blocks of the pool."""
+        most of a second per kernel form) with throwaway steps: Triton specializes integer
+        arguments equal to 1 or divisible by 16, so the shapes below reach each form of
+        every kernel (token and sequence counts of each kind, mixed prefill-and-decode
+        batches), and the decode kernels' split forms are compiled directly. Call it only
+        before any request holds KV blocks: it writes into the first blocks of the pool."""
         if self.device.type != "cuda":
             return
-        from bullet_trt.engine.sampling import SamplingParams
-        n = min(64, self.profile.max_model_len - 1)
-        table = list(range(-(-(n + 1) // self.block_size)))
         greedy = SamplingParams(temperature=0.0, max_tokens=1)
-        self.run([BatchItem("warm-up", [1] * n, 0, table, greedy, True)])
-        self.run([BatchItem("warm-up", [1], n, table, greedy, True, output_index=1)])
+        bs, limit = self.block_size, self.profile.max_model_len - 1
+        shapes = [[64], [13], [13, 7], [3] * 16, [3] * 17]
+        next_block = 0
+        graphs, self.graphs = self.graphs, None  # eager: graphs are captured per stream later
+        for lengths in shapes:
+            items = []
+            for n in lengths:
+                n = min(n, limit)
+                table = list(range(next_block, next_block + -(-(n + 1) // bs)))
+                next_block += len(table)
+                items.append(BatchItem("warm-up", [1] * n, 0, table, greedy, True))
+            self.run(items)
+            # the same sequences' next token: a decode step, then one mixed with a prefill
+            step = [BatchItem("warm-up", [1], len(it.input_token_ids), it.block_table, greedy, True,
+                              output_index=1) for it in items]
+            self.run(step)
+            self.run(step[:1] + items[1:])
+        self.graphs = graphs
+        ops = self.model.ops
+        if hasattr(ops, "compile_decode_variants"):
+            arch = self.model.arch
+            ops.compile_decode_variants(arch.num_heads, arch.num_kv_heads, arch.head_dim,
+                                        self.model.dtype, bs, self.device)
         torch.cuda.synchronize(self.device)
 
     def capture_graphs(self) -> int:

@@ -31,7 +31,8 @@ import triton.language as tl
 from bullet_trt.kernels.metadata import AttentionMetadata
 
 __all__ = ["rms_norm", "add_rms_norm", "silu_and_mul", "apply_rope", "write_kv_cache",
-           "paged_attention", "set_num_sms", "get_num_sms", "decode_splits_for"]
+           "paged_attention", "set_num_sms", "get_num_sms", "decode_splits_for",
+           "compile_decode_variants"]
 
 LOG2E = 1.4426950408889634
 
@@ -474,6 +475,31 @@ def _decode(q, kv_cache, meta, qk_scale, out, prec):
             out.stride(1), splits, HQ=HQ, D=D, BLOCK_D=block_d,
             SPLITS_PAD=max(2, triton.next_power_of_2(splits)), num_warps=4)
     return splits
+
+
+# Split counts that between them reach every compiled form of the decode kernels: Triton
+# specializes integer arguments equal to 1 or divisible by 16, and SPLITS_PAD is the next
+# power of two.
+_SPLIT_VARIANTS = (1, 2, 3, 5, 9, 16, 17, 32, 33, 64)
+
+
+def compile_decode_variants(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                            block_size: int, device: torch.device | str) -> None:
+    """Compiles every form the decode kernels can take for this head layout, on a scratch
+    cache. Which form a step needs depends on its batch, context and SM count, so without
+    this the first step of a new form stalls for a compile (most of a second) mid-serving."""
+    global DECODE_SPLITS_OVERRIDE
+    device = torch.device(device)
+    cache = torch.zeros(2, 2, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+    q = torch.zeros(2, num_heads, head_dim, dtype=dtype, device=device)
+    meta = AttentionMetadata.build([1, 1], [1, 2], [[0], [1]], block_size, device)
+    saved = DECODE_SPLITS_OVERRIDE
+    try:
+        for splits in _SPLIT_VARIANTS:
+            DECODE_SPLITS_OVERRIDE = splits
+            paged_attention(q, cache, meta, 1.0)
+    finally:
+        DECODE_SPLITS_OVERRIDE = saved
 
 
 # ---------------------------------------------------------------------------- attention: prefill

@@ -128,14 +128,22 @@ class SpatialEngineCore(EngineCore):
                 self._finish(seq, "abort")
                 outputs.append(self._output(seq))
         self._aborted = [rid for rid in self._aborted if rid in self.seqs]
+        self._launch_idle_phases()
+        if not self.inflight:
+            return outputs
+        outputs += self._collect(block=True)
+        # Decode relaunches at once: its worker computes while the caller ships these
+        # outputs instead of idling until the next step() call. Prefill waits for that call,
+        # which first takes in the requests that arrived meanwhile.
+        if "decode" not in self.inflight:
+            self._launch_decode()
+        return outputs
+
+    def _launch_idle_phases(self) -> None:
         if "decode" not in self.inflight:
             self._launch_decode()
         if "prefill" not in self.inflight:
             self._launch_prefill()
-        if not self.inflight:
-            return outputs
-        outputs += self._collect(block=True)
-        return outputs
 
     def _in_flight(self, seq: Sequence) -> bool:
         return any(seq in job["seqs"] for job in self.inflight.values())

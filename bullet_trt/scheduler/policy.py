@@ -69,11 +69,13 @@ def _admit(state: PolicyState, slo: SloConfig, model: PerfModel, sms: int) -> tu
         if admitted and sum(tokens) > state.max_prefill_tokens:
             break
         ms = model.prefill_ms(PrefillShape.of(tokens), sms)
-        # Deadline of the earliest admitted prompt bounds the batch; the head always goes,
-        # late or not, so nothing starves.
-        slack_ms = min((state.waiting[j].arrival - state.now) * 1e3 + slo.ttft_ms * slo.margin
-                       for j in candidate)
-        if admitted and ms > slack_ms:
+        # A candidate may not make an admitted prompt late that the batch so far keeps on
+        # time. Prompts late already set no bound: when the queue is behind, fuller batches
+        # catch up faster (one-prompt batches would only fall further behind). The head
+        # always goes, so nothing starves.
+        on_time = [slack for slack in ((state.waiting[j].arrival - state.now) * 1e3 + slo.ttft_ms * slo.margin
+                                       for j in admitted) if slack >= predicted]
+        if on_time and ms > min(on_time):
             break
         admitted, predicted = candidate, ms
     return admitted, predicted

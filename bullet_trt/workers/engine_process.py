@@ -35,7 +35,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput
+from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput, coalesce
 
 log = logging.getLogger("bullet_trt.engine_process")
 
@@ -368,7 +368,7 @@ class EngineClient(AsyncEngine):
                 break
             except (EOFError, OSError):
                 break
-            self._handle(msg)
+            self._handle_backlog(msg)
         with self._lock:
             self._ready = False
         self._kill_group()
@@ -384,6 +384,25 @@ class EngineClient(AsyncEngine):
                 self._on_death(reason)
             except Exception:
                 log.exception("death callback failed")
+
+    def _handle_backlog(self, msg) -> None:
+        """Handles ``msg`` and every message already waiting behind it, with each request's
+        outputs merged: when the callbacks (detokenizing, sending responses) fall behind the
+        engine's steps, a request gets one response for several tokens instead of a queue of
+        one-token responses that delays all of them."""
+        msgs = [msg]
+        while len(msgs) < 256:
+            try:
+                msgs.append(self._outbox.get_nowait())
+            except (queue.Empty, EOFError, OSError):
+                break
+        outputs = [out for m in msgs if m[0] == "out" for out in m[1]]
+        for m in msgs:
+            if m[0] != "out":
+                self._handle(m)
+        if outputs:
+            stats = next(m[2] for m in reversed(msgs) if m[0] == "out")
+            self._handle(("out", coalesce(outputs), stats))
 
     def _drain(self) -> None:
         while True:
