@@ -39,8 +39,9 @@ def back_to_back(parts: list[torch.Tensor]) -> torch.Tensor | None:
                 or t.untyped_storage().data_ptr() != base or t.storage_offset() != offset):
             return None
         offset += t.numel()
+    # Contiguous parts with equal trailing dims: the stacked view has the first part's strides.
     shape = (sum(t.shape[0] for t in parts), *first.shape[1:])
-    return first.as_strided(shape, torch.empty(shape, device="meta").stride(), first.storage_offset())
+    return first.as_strided(shape, first.stride(), first.storage_offset())
 
 
 def _fused_linear(x: torch.Tensor, fused: tuple[torch.Tensor, torch.Tensor | None] | None,

@@ -91,12 +91,10 @@ def _capture_graphs(session, part, role: str, splits: list[int], set_num_sms) ->
             continue
         if set_num_sms is not None:
             set_num_sms(_sms_of(part, role, split))
-        if stream is None:
+        with torch.cuda.stream(stream):  # None: the current stream
             session.capture_graphs()
-            continue
-        with torch.cuda.stream(stream):
-            session.capture_graphs()
-        stream.synchronize()
+        if stream is not None:
+            stream.synchronize()
 
 
 def _sms_of(part, role: str, prefill_sms: int | None) -> int:
