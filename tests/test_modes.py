@@ -116,3 +116,66 @@ def test_workers_exit_when_the_orchestrator_dies(llama_engine, tmp_path):
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not any(alive(p) for p in pids), "worker processes outlived their orchestrator"
+
+
+def _mixed_requests(batch):
+    """Per-request sampling that exercises every stopping and sampling rule the decode
+    worker's own batch must follow: seeded noise keyed by output index, min_tokens banning
+    the end id, stop sequences, length limits and log-probs."""
+    reference = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)] * len(batch)
+    return reference, [
+        SamplingParams(max_tokens=24, temperature=1.0, seed=7 + i, ignore_eos=True, logprobs=i % 2 == 0)
+        if i % 3 == 0 else
+        SamplingParams(max_tokens=5 + i, temperature=0.8, top_k=20, seed=100 + i, min_tokens=3)
+        if i % 3 == 1 else
+        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+        for i in range(len(batch))]
+
+
+def test_spatial_modes_follow_every_rule_under_preemption(llama_engine):
+    """The decode worker steps its own rows: seeded sampling, min_tokens, end ids, stop
+    sequences and log-probs come out as in the in-process engine, also when a small pool
+    preempts decoding sequences, and every block comes back."""
+    batch = prompts(12, seed=11)
+    greedy_params, params = _mixed_requests(batch)
+    with LLM(str(llama_engine), executor="serve", **{"serve.mode": "chunked"}) as llm:
+        greedy = llm.generate_token_ids(batch, greedy_params)
+        # end id and a stop sequence taken from greedy continuations
+        params[2] = SamplingParams(max_tokens=24, temperature=0, end_id=greedy[2].token_ids[6])
+        params[5] = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True,
+                                   stop_token_ids=[greedy[5].token_ids[8:10]])
+        params[8] = SamplingParams(max_tokens=24, temperature=0, end_id=greedy[8].token_ids[4], min_tokens=9)
+        ref = llm.generate_token_ids(batch, params)
+    assert ref[2].finish_reason == ref[5].finish_reason == "stop"
+    # 24 blocks of 16 tokens cannot hold 12 requests of ~60 tokens at once
+    with LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "kv.num_blocks": 24}) as llm:
+        out = llm.generate_token_ids(batch, params)
+        stats = llm.engine.stats()
+    for got, want in zip(out, ref):
+        assert (got.token_ids, got.finish_reason) == (want.token_ids, want.finish_reason)
+        if want.logprobs is not None:
+            assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+    assert stats.num_preemptions > 0
+    assert stats.kv_blocks_free == stats.kv_blocks_total == 24
+
+
+def test_abort_of_a_decoding_row_frees_its_blocks_in_spatial_mode(llama_engine):
+    from bullet_trt.engine.request import NewRequest
+    with LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet"}) as llm:
+        core = llm.engine
+        long_params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+        for i, ids in enumerate(prompts(3)):
+            core.add_request(NewRequest(f"r{i}", ids, long_params))
+        emitted = {}
+        while len(emitted.get("r1", [])) < 3:  # r1 is decoding in the worker's batch
+            for out in core.step():
+                emitted.setdefault(out.request_id, []).extend(out.new_token_ids)
+        assert core.stats().kv_blocks_free < core.stats().kv_blocks_total
+        core.abort_request("r1")
+        reasons = {}
+        while core.has_unfinished():
+            for out in core.step():
+                if out.finished:
+                    reasons[out.request_id] = out.finish_reason
+        assert reasons == {"r0": "length", "r1": "abort", "r2": "length"}
+        assert core.stats().kv_blocks_free == core.stats().kv_blocks_total

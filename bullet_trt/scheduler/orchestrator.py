@@ -1,10 +1,11 @@
 """Spatial orchestration: a prefill worker and a decode worker run at the same time, each on
 its own SM partition, over one shared pool; the split is re-chosen at every prefill launch.
 
-The loop never waits for one phase to launch the other. Whenever the decode worker is free it
-gets the next step of every decoding sequence (new arrivals from prefill join here); whenever
-the prefill worker is free the policy picks the split and the prompts to admit. Decode runs
-on the complement of the prefill partition while a prefill is in flight, and on the whole GPU
+Neither phase waits for the other. The decode worker keeps its own batch and steps it back
+to back (workers/decode_batch.py); this loop accepts its tokens, applies the stopping rules,
+grants blocks and tells it which rows join (prompts just prefilled) and leave. Whenever the
+prefill worker is free the policy picks the split and the prompts to admit. Decode runs on
+the complement of the prefill partition while a prefill is in flight, and on the whole GPU
 otherwise. Modes: `bullet` (dynamic split), `static` (one fixed split for both phases).
 """
 from __future__ import annotations
@@ -24,7 +25,11 @@ from bullet_trt.engine.batch_scheduler import ScheduledChunk
 from bullet_trt.scheduler.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel, PrefillShape
 from bullet_trt.scheduler.policy import (Decision, PolicyState, SloConfig, WaitingPrompt,
                                          bullet_policy, static_policy)
+from bullet_trt.engine.session import SampleResult
+from bullet_trt.workers.decode_batch import DecodeStep, DecodeUpdate
 from bullet_trt.workers.session_worker import SessionWorker, WorkerDied
+
+_NOT_SENT = object()
 
 
 @dataclass
@@ -96,10 +101,19 @@ class SpatialEngineCore(EngineCore):
             workers[role] = SessionWorker(role, self.state, profile, kind, splits, env,
                                           outbox=self.results)
         self.prefill, self.decode = workers["prefill"], workers["decode"]
-        self.inflight: dict[str, dict] = {}
+        self.inflight: dict[str, dict] = {}  # the prefill batch in flight
         self.current_prefill_sms: int | None = static_split
         self.last_split = (0, 0)
-        self.last_decode_end: float | None = None
+        # The decode worker steps its own batch (workers/decode_batch.py); here: which
+        # sequence each of its rows is, blocks of rows that left awaiting the worker's
+        # acknowledgement, and the changes not yet sent.
+        self.rows: dict[int, Sequence] = {}
+        self.row_of: dict[str, int] = {}
+        self.unacked: dict[int, list[int]] = {}
+        self.next_row_id = 0
+        self.update = DecodeUpdate()
+        self.sent_split: object = _NOT_SENT
+        self.lookahead_tokens = 4
         self.log = open(s.iteration_log, "a") if s.iteration_log else None
         from bullet_trt.sm.gpu_monitor import GpuMonitor
         gpu_index = (device.index or 0) if device.type == "cuda" else None
@@ -117,74 +131,99 @@ class SpatialEngineCore(EngineCore):
 
     # -- the loop ---------------------------------------------------------------------------
     def has_unfinished(self) -> bool:
-        return bool(self.seqs) or bool(self.inflight)
+        # Blocks whose leave the decode worker has not acknowledged are still in use.
+        return bool(self.seqs) or bool(self.inflight) or bool(self.unacked)
 
     def step(self):
         outputs = []
         for rid in self._aborted:
             seq = self.seqs.get(rid)
-            if seq is not None and not self._in_flight(seq):
+            if seq is not None and not self._in_prefill(seq):
                 self.seqs.pop(rid)
                 self._finish(seq, "abort")
                 outputs.append(self._output(seq))
         self._aborted = [rid for rid in self._aborted if rid in self.seqs]
-        self._launch_idle_phases()
-        if not self.inflight:
-            return outputs
-        outputs += self._collect(block=True)
-        # Decode relaunches at once: its worker computes while the caller ships these
-        # outputs instead of idling until the next step() call. Prefill waits for that call,
-        # which first takes in the requests that arrived meanwhile.
-        if "decode" not in self.inflight:
-            self._launch_decode()
-        return outputs
-
-    def _launch_idle_phases(self) -> None:
-        if "decode" not in self.inflight:
-            self._launch_decode()
         if "prefill" not in self.inflight:
             self._launch_prefill()
+        self._send_decode_update()
+        if not (self.inflight or self.rows or self.unacked):
+            return outputs
+        outputs += self._collect()
+        # Grants, joins and leaves go out before the caller ships the outputs, so the decode
+        # worker's rows seldom wait for a block. Prefill relaunches at the next call, which
+        # first takes in the requests that arrived meanwhile.
+        self._send_decode_update()
+        return outputs
 
-    def _in_flight(self, seq: Sequence) -> bool:
-        return any(seq in job["seqs"] for job in self.inflight.values())
+    def _in_prefill(self, seq: Sequence) -> bool:
+        job = self.inflight.get("prefill")
+        return job is not None and seq in job["seqs"]
 
-    def _launch_decode(self) -> None:
-        q = self.scheduler
-        batch: list[Sequence] = []
-        for seq in list(q.decoding):
-            if len(batch) >= self.cfg.decode.max_num_seqs:
-                break
-            if seq.status is not SeqStatus.RUNNING:
-                continue
-            while not q.reserve(seq, seq.num_tokens):
-                victim = next((s for s in reversed(q.decoding) if s not in batch), None)
-                if victim is None:
-                    break
-                self._preempt(victim)
-                if victim is seq:
-                    break
-            if seq.status is SeqStatus.RUNNING and seq in q.decoding:
-                batch.append(seq)
-        if not batch:
+    # -- the decode worker's rows -----------------------------------------------------------
+    def _join(self, seq: Sequence) -> None:
+        """A prefilled sequence becomes a row of the decode worker's batch."""
+        if not self._ensure_room(seq):
             return
-        split = self.current_prefill_sms if "prefill" in self.inflight or self.cfg.serve.mode == "static" else None
-        chunks = [ScheduledChunk(s, 1) for s in batch]
-        items = [self._item(c) for c in chunks]
-        total_ctx = sum(s.num_tokens for s in batch)
-        sms = self.total_sms if split is None else self.total_sms - split
-        predicted = self.perf.decode_ms(len(batch), total_ctx, sms)
-        self.decode.submit(items, split)
-        self.inflight["decode"] = dict(seqs=batch, chunks=chunks,
-                                       predicted=predicted, split=split, tokens=len(batch),
-                                       start=time.monotonic(), after=self.last_decode_end)
+        row = self.next_row_id
+        self.next_row_id += 1
+        self.rows[row] = seq
+        self.row_of[seq.request_id] = row
+        self.update.joins.append((row, self._item(ScheduledChunk(seq, 1))))
+
+    def _leave(self, seq: Sequence) -> None:
+        """Takes a sequence's row out of the decode batch. Its blocks stay reserved until the
+        worker acknowledges: it may be stepping that row right now."""
+        row = self.row_of.pop(seq.request_id, None)
+        if row is None:
+            return
+        del self.rows[row]
+        self.unacked[row] = seq.block_table
+        seq.block_table = []
+        self.update.leaves.append(row)
+
+    def _ensure_room(self, seq: Sequence) -> bool:
+        """Blocks for the sequence's next step and a few beyond (so the worker, which runs
+        ahead of this loop, need not wait for a grant); preempts the newest decoding
+        sequences when the pool is dry. False when the sequence itself was preempted."""
+        q = self.scheduler
+        if q.reserve(seq, min(seq.num_tokens + self.lookahead_tokens, self.max_model_len)):
+            return True
+        while not q.reserve(seq, seq.num_tokens):
+            victim = next(s for s in reversed(q.decoding) if s.status is SeqStatus.RUNNING)
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self._leave(seq)
+        super()._finish(seq, reason)
 
     def _preempt(self, seq: Sequence) -> None:
         q = self.scheduler
+        self._leave(seq)
         q.release(seq)
         seq.status = SeqStatus.WAITING
         q.waiting.insert(0, seq)
         q.num_preemptions += 1
 
+    def _decode_split(self) -> int | None:
+        """Decode runs beside the prefill partition while a prefill is in flight (always, in
+        `static`), else on the whole GPU."""
+        if self.cfg.serve.mode == "static" or "prefill" in self.inflight:
+            return self.current_prefill_sms
+        return None
+
+    def _send_decode_update(self) -> None:
+        split = self._decode_split()
+        if split != self.sent_split:
+            self.update.split = (split,)
+            self.sent_split = split
+        if self.update:
+            self.decode.send_update(self.update)
+            self.update = DecodeUpdate()
+
+    # -- prefill ----------------------------------------------------------------------------
     def _decision(self, candidates: list[Sequence]) -> Decision:
         q = self.scheduler
         now = time.monotonic()
@@ -228,57 +267,97 @@ class SpatialEngineCore(EngineCore):
                                         predicted=self.perf.prefill_ms(shape, sms),
                                         tokens=shape.num_tokens, start=time.monotonic())
 
-    def _collect(self, block: bool):
+    # -- results ----------------------------------------------------------------------------
+    def _collect(self):
+        """Waits for the next result of either worker, then takes every other one already
+        there (when this loop falls behind the decode worker, it catches up in one call)."""
         outputs = []
+        block = True
         while True:
             try:
-                name, kind, payload = self.results.get(timeout=0.5 if block else 0.0)
+                name, kind, payload = self.results.get(timeout=0.5) if block else self.results.get_nowait()
             except queue.Empty:
+                if not block:
+                    return outputs
                 for w in (self.prefill, self.decode):
                     if not w.alive():
                         raise WorkerDied(f"{w.name} worker exited with code {w.proc.exitcode}")
-                if block:
-                    continue
-                return outputs
-            if kind != "ok":
+                continue
+            block = False
+            received = time.monotonic()
+            if kind == "error":
                 raise WorkerDied(f"{name} worker failed:\n{payload}")
-            results, measured_ms = payload
-            job = self.inflight.pop(name)
-            job["end"] = time.monotonic()
-            outputs += self._complete(name, job, results, measured_ms)
-            return outputs
+            if kind == "left":
+                self._free_acknowledged(payload)
+            elif kind == "step":
+                outputs += self._complete_decode(payload, received)
+            else:
+                results, measured_ms = payload
+                job = self.inflight.pop(name)
+                job["end"] = received
+                outputs += self._complete_prefill(job, results, measured_ms)
 
-    def _complete(self, phase: str, job: dict, results, measured_ms: float):
+    def _free_acknowledged(self, rows: list[int]) -> None:
+        for row in rows:
+            blocks = self.unacked.pop(row, None)
+            if blocks:
+                self.allocator.release(blocks)
+
+    def _complete_prefill(self, job: dict, results, measured_ms: float):
         q = self.scheduler
-        self.perf.observe(phase, job["predicted"], measured_ms)
+        self.perf.observe("prefill", job["predicted"], measured_ms)
         outputs = []
         for chunk, res in zip(job["chunks"], results):
             seq = chunk.seq
             if seq.status is not SeqStatus.RUNNING:
                 continue
             seq.num_cached_tokens += chunk.num_new_tokens
-            if phase == "prefill":
-                q.prefilling.remove(seq)
-                q.decoding.append(seq)
+            q.prefilling.remove(seq)
+            q.decoding.append(seq)
             if seq.request_id in self._aborted:
                 self._aborted.remove(seq.request_id)
                 self.seqs.pop(seq.request_id, None)
                 self._finish(seq, "abort")
                 outputs.append(self._output(seq))
                 continue
-            if res is not None:
-                self._accept(seq, res)
-                outputs.append(self._output(seq))
-                if seq.status is SeqStatus.FINISHED:
-                    self.seqs.pop(seq.request_id, None)
-        self._record(phase, job, measured_ms)
+            self._accept(seq, res)
+            outputs.append(self._output(seq))
+            if seq.status is SeqStatus.FINISHED:
+                self.seqs.pop(seq.request_id, None)
+            else:
+                self._join(seq)
+        self._record("prefill", job["start"], job["end"], len(job["seqs"]), job["tokens"],
+                     job["split"], job["predicted"], measured_ms)
         return outputs
 
-    def _record(self, phase: str, job: dict, measured_ms: float) -> None:
-        if phase == "decode":
-            self.last_decode_end = job["end"]
+    def _complete_decode(self, step: DecodeStep, received: float):
+        self._free_acknowledged(step.left)
+        outputs = []
+        for row, token, logprob in zip(step.row_ids, step.token_ids, step.logprobs):
+            seq = self.rows.get(row)
+            if seq is None or seq.request_id in self._aborted:
+                continue  # it left while the worker ran ahead, or it ends at the next step()
+            seq.num_cached_tokens += 1
+            self._accept(seq, SampleResult(token, logprob))
+            outputs.append(self._output(seq))
+            if seq.status is SeqStatus.FINISHED:
+                self.seqs.pop(seq.request_id, None)
+                continue
+            before = len(seq.block_table)
+            if self._ensure_room(seq) and len(seq.block_table) > before:
+                self.update.grants.append((row, seq.block_table[before:]))
+        split = step.prefill_sms
+        sms = self.total_sms if split is None else self.total_sms - split
+        predicted = self.perf.decode_ms(len(step.row_ids), step.total_ctx, sms)
+        self.perf.observe("decode", predicted, step.measured_ms)
+        self._record("decode", step.start, received, len(step.row_ids), len(step.row_ids), split,
+                     predicted, step.measured_ms, host_gap_ms=step.idle_ms)
+        return outputs
+
+    def _record(self, phase: str, start: float, end: float, batch: int, tokens: int,
+                split: int | None, predicted: float, measured_ms: float,
+                host_gap_ms: float | None = None) -> None:
         total = self.partitioner.total_sms  # 0 without partitioning (CPU)
-        split = job["split"]
         prefill_sms = total if split is None else split
         decode_sms = total if split is None else total - split
         self.last_split = (prefill_sms if phase == "prefill" else self.last_split[0],
@@ -286,18 +365,18 @@ class SpatialEngineCore(EngineCore):
         if self.log is None:
             return
         q = self.scheduler
-        rec = {"t": round(job["start"] - self.t0, 6), "phase": phase, "batch": len(job["seqs"]),
-               "tokens": job["tokens"], "sms": prefill_sms if phase == "prefill" else decode_sms,
+        rec = {"t": round(start - self.t0, 6), "phase": phase, "batch": batch,
+               "tokens": tokens, "sms": prefill_sms if phase == "prefill" else decode_sms,
                "prefill_sms": prefill_sms if split is not None or phase == "prefill" else 0,
                "decode_sms": decode_sms if split is not None or phase == "decode" else 0,
-               "predicted_ms": round(job["predicted"], 3), "measured_ms": round(measured_ms, 3),
+               "predicted_ms": round(predicted, 3), "measured_ms": round(measured_ms, 3),
                "waiting": len(q.waiting), "prefilling": len(q.prefilling), "decoding": len(q.decoding),
                **self.gpu_monitor.sample()}
-        # wall: submit to result as the orchestrator sees it (measured_ms plus the IPC);
-        # host gap: from the previous decode result to this launch (the decode worker idles)
-        rec["wall_ms"] = round((job["end"] - job["start"]) * 1e3, 3)
-        if phase == "decode" and job.get("after") is not None:
-            rec["host_gap_ms"] = round((job["start"] - job["after"]) * 1e3, 3)
+        # wall: from the step's start to its result here (measured_ms plus the IPC); host
+        # gap: the decode worker idle since its previous step
+        rec["wall_ms"] = round((end - start) * 1e3, 3)
+        if host_gap_ms is not None:
+            rec["host_gap_ms"] = round(host_gap_ms, 3)
         self.log.write(json.dumps(rec) + "\n")
         self.log.flush()
 

@@ -1,7 +1,9 @@
 """A worker process that hosts one engine session over the shared weights and KV pool.
 
-Messages are small: BatchItems and the SM split in, SampleResults and the measured time out.
-The heavy state (weights, pool) crosses once, at start-up, as shared-memory / CUDA IPC
+Messages are small. A ("run", items, split) message asks for one step over the given
+BatchItems (prefill batches); ("update", DecodeUpdate) messages maintain the worker's own
+decode batch, which it steps on its own for as long as a row can step, sending a DecodeStep
+(tokens, measured time) after each (see decode_batch.py). The heavy state (weights, pool) crosses once, at start-up, as shared-memory / CUDA IPC
 handles. The worker pins its work to its SM partition: at start-up it creates the streams of
 every split it may be given (green contexts, libsmctrl masks) and per iteration only picks one.
 """
@@ -14,6 +16,8 @@ import traceback
 
 import torch
 import torch.multiprocessing as mp
+
+from bullet_trt.workers.decode_batch import DecodeStep, PersistentDecodeBatch
 
 
 class WorkerDied(RuntimeError):
@@ -48,35 +52,74 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
     except Exception:
         outbox.put((name, "error", traceback.format_exc()))
         return
+    batch = PersistentDecodeBatch(state.block_size)
+    last_step_end: float | None = None
     parent = mp.parent_process()
     while True:
+        # Block on the inbox only when no row can step; otherwise take what is there.
         try:
-            msg = inbox.get(timeout=1.0)
+            msg = inbox.get(timeout=1.0) if not batch.runnable() else inbox.get_nowait()
         except queue.Empty:
+            msg = None
             if parent is not None and not parent.is_alive():  # orphaned: free the GPU
                 outbox.cancel_join_thread()
                 return
+        left: list[int] = []
+        while msg is not None:
+            if msg[0] == "stop":
+                return
+            if msg[0] == "update":
+                left += batch.apply(msg[1])
+            else:  # ("run", items, prefill_sms): one step over the given items
+                _, items, prefill_sms = msg
+                try:
+                    results, elapsed_ms, _ = _timed_run(session, device, part, name, prefill_sms, set_num_sms, items)
+                    outbox.put((name, "ok", (results, elapsed_ms)))
+                except Exception:
+                    outbox.put((name, "error", traceback.format_exc()))
+            try:
+                msg = inbox.get_nowait()
+            except queue.Empty:
+                msg = None
+        ran = batch.runnable()
+        if not ran:
+            if left:
+                outbox.put((name, "left", left))
             continue
-        if msg[0] == "stop":
-            return
-        _, items, prefill_sms = msg
         try:
-            stream = part.stream(prefill_sms)
-            if set_num_sms is not None:
-                set_num_sms(_sms_of(part, name, prefill_sms))
-            start = time.perf_counter()
-            if stream is not None:
-                with torch.cuda.stream(stream):
-                    results = session.run(items)
-                stream.synchronize()
-            else:
-                results = session.run(items)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-            elapsed_ms = (time.perf_counter() - start) * 1e3
-            outbox.put((name, "ok", (results, elapsed_ms)))
+            items = [item for _, item in ran]
+            results, elapsed_ms, start = _timed_run(session, device, part, name, batch.prefill_sms, set_num_sms, items)
         except Exception:
             outbox.put((name, "error", traceback.format_exc()))
+            continue
+        tokens = [r.token_id for r in results]
+        step = DecodeStep(row_ids=[row_id for row_id, _ in ran], token_ids=tokens,
+                          logprobs=[r.logprob for r in results], left=left,
+                          prefill_sms=batch.prefill_sms,
+                          total_ctx=sum(it.start_pos + 1 for it in items), start=start,
+                          measured_ms=elapsed_ms,
+                          idle_ms=None if last_step_end is None else (start - last_step_end) * 1e3)
+        batch.advance(ran, tokens)
+        last_step_end = time.monotonic()
+        outbox.put((name, "step", step))
+
+
+def _timed_run(session, device, part, role: str, prefill_sms: int | None, set_num_sms, items):
+    """Runs one step on the partition of `prefill_sms`, waits for it; returns the results,
+    the elapsed milliseconds and the start (time.monotonic())."""
+    stream = part.stream(prefill_sms)
+    if set_num_sms is not None:
+        set_num_sms(_sms_of(part, role, prefill_sms))
+    start = time.monotonic()
+    if stream is not None:
+        with torch.cuda.stream(stream):
+            results = session.run(items)
+        stream.synchronize()
+    else:
+        results = session.run(items)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return results, (time.monotonic() - start) * 1e3, start
 
 
 def _capture_graphs(session, part, role: str, splits: list[int], set_num_sms) -> None:
@@ -153,6 +196,10 @@ class SessionWorker:
     def submit(self, items, prefill_sms: int | None = None) -> None:
         self.busy = True
         self.inbox.put(("run", items, prefill_sms))
+
+    def send_update(self, update) -> None:
+        """Changes to the worker's own decode batch (a DecodeUpdate)."""
+        self.inbox.put(("update", update))
 
     def result(self):
         """Blocks for this worker's answer (only when it owns its outbox)."""

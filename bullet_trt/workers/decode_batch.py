@@ -1,0 +1,87 @@
+"""The decode worker's own copy of its batch, so that it steps on its own.
+
+A decode step of ~100 sequences used to cost a round trip through the orchestrator: pickle
+every sequence's BatchItem, step, send the tokens back, wait for the next batch. Here the
+worker keeps each sequence's row (last token, position, block table, sampling state) and feeds
+each sampled token back itself; the orchestrator only sends what changes: rows that join
+(after their prefill), rows that leave (finished, aborted, preempted), blocks granted to a row
+and the SM split to run on. A row steps while its next position has a block and it may still
+produce a token; the orchestrator grants blocks a little ahead so that rows rarely wait.
+
+A row that leaves may have stepped once or twice more than the orchestrator accepted; those
+tokens are dropped there. Its KV blocks are freed only after the worker acknowledges the
+leave, so a late step never writes into blocks that another sequence already got.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bullet_trt.engine.session import BatchItem
+
+
+@dataclass
+class DecodeUpdate:
+    """What changed since the last update, from the orchestrator's side."""
+
+    joins: list[tuple[int, BatchItem]] = field(default_factory=list)  # row id, its first decode item
+    leaves: list[int] = field(default_factory=list)
+    grants: list[tuple[int, list[int]]] = field(default_factory=list)  # row id, blocks to append
+    split: tuple[int | None] | None = None  # (prefill SMs,) when the decode partition changes
+
+    def __bool__(self) -> bool:
+        return bool(self.joins or self.leaves or self.grants or self.split is not None)
+
+
+@dataclass
+class DecodeStep:
+    """One step's outcome, from the worker's side: the tokens of the rows that ran, and the
+    leaves it applied before running them (their blocks may now be reused)."""
+
+    row_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float | None]
+    left: list[int]
+    prefill_sms: int | None  # the split it ran beside (None: the whole GPU)
+    total_ctx: int
+    start: float  # time.monotonic(), comparable across processes
+    measured_ms: float
+    idle_ms: float | None  # since the worker's previous step ended (None: first step)
+
+
+class PersistentDecodeBatch:
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.rows: dict[int, BatchItem] = {}
+        self.prefill_sms: int | None = None
+
+    def apply(self, update: DecodeUpdate) -> list[int]:
+        """Applies an update; returns the row ids that left (to acknowledge)."""
+        leaving = set(update.leaves)
+        for row_id in update.leaves:
+            self.rows.pop(row_id, None)
+        for row_id, item in update.joins:
+            if row_id not in leaving:  # else it joined and left within one update
+                self.rows[row_id] = item
+        for row_id, blocks in update.grants:
+            item = self.rows.get(row_id)
+            if item is not None:
+                item.block_table.extend(blocks)
+        if update.split is not None:
+            self.prefill_sms = update.split[0]
+        return list(update.leaves)
+
+    def runnable(self) -> list[tuple[int, BatchItem]]:
+        """Rows whose next position has a block and that may still produce a token."""
+        bs = self.block_size
+        return [(row_id, item) for row_id, item in self.rows.items()
+                if item.start_pos // bs < len(item.block_table)
+                and item.output_index < item.params.max_tokens]
+
+    def advance(self, ran: list[tuple[int, BatchItem]], token_ids: list[int]) -> None:
+        """Feeds each row its sampled token as the next input."""
+        for (_, item), token in zip(ran, token_ids):
+            item.input_token_ids = [token]
+            item.start_pos += 1
+            item.output_index += 1
+            if item.banned_token_ids and item.output_index >= item.params.min_tokens:
+                item.banned_token_ids = []

@@ -1,0 +1,44 @@
+"""The decode worker's own batch: which rows step, how a step feeds the next, and how
+joins, leaves, grants and splits apply."""
+from __future__ import annotations
+
+from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt.engine.session import BatchItem
+from bullet_trt.workers.decode_batch import DecodeUpdate, PersistentDecodeBatch
+
+
+def item(pos: int, blocks: list[int], **params) -> BatchItem:
+    p = SamplingParams(**{"max_tokens": 8, **params})
+    return BatchItem("r", [5], pos, list(blocks), p, True, output_index=1,
+                     banned_token_ids=[2] if p.min_tokens > 1 else [])
+
+
+def test_a_row_steps_only_with_a_block_for_its_position_and_tokens_left():
+    batch = PersistentDecodeBatch(block_size=4)
+    left = batch.apply(DecodeUpdate(joins=[(0, item(3, [9])), (1, item(4, [9])), (2, item(2, [7], max_tokens=1))],
+                                    split=(40,)))
+    assert left == [] and batch.prefill_sms == 40
+    # row 1 sits at position 4 with one block of 4: no room; row 2 has its one token already
+    assert [r for r, _ in batch.runnable()] == [0]
+    batch.apply(DecodeUpdate(grants=[(1, [11])], split=(None,)))
+    assert [r for r, _ in batch.runnable()] == [0, 1] and batch.prefill_sms is None
+    assert batch.rows[1].block_table == [9, 11]
+
+
+def test_advance_feeds_the_sampled_token_and_lifts_the_ban_at_min_tokens():
+    batch = PersistentDecodeBatch(block_size=16)
+    batch.apply(DecodeUpdate(joins=[(3, item(10, [1], min_tokens=3))]))
+    ran = batch.runnable()
+    batch.advance(ran, [42])
+    row = batch.rows[3]
+    assert (row.input_token_ids, row.start_pos, row.output_index) == ([42], 11, 2)
+    assert row.banned_token_ids == [2]  # output index 2 < min_tokens 3: the end id stays banned
+    batch.advance(batch.runnable(), [43])
+    assert row.output_index == 3 and row.banned_token_ids == []
+
+
+def test_leaves_are_acknowledged_even_for_rows_that_joined_in_the_same_update():
+    batch = PersistentDecodeBatch(block_size=16)
+    batch.apply(DecodeUpdate(joins=[(0, item(1, [1]))]))
+    left = batch.apply(DecodeUpdate(joins=[(1, item(1, [2]))], leaves=[0, 1]))
+    assert sorted(left) == [0, 1] and batch.rows == {} and batch.runnable() == []
