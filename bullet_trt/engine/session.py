@@ -61,6 +61,8 @@ class TorchSession(EngineSession):
         self.profile = profile
         self.device = kv_pool.device
         self.graphs = None
+        if hasattr(model.ops, "use_cublaslt"):
+            model.ops.use_cublaslt()
         from bullet_trt.kernels import reference
         # Graphs need kernels that never sync with the host; the torch reference does.
         if (use_cuda_graphs and self.device.type == "cuda" and profile.cuda_graph_batch_sizes

@@ -74,11 +74,26 @@ _POISON = False
 
 def set_num_sms(n: int | None) -> None:
     """The number of SMs the current stream may use (the engine calls this when it switches
-    SM partition); None returns to the whole device. Only the decode split count uses it."""
+    SM partition, before capturing or running on it); None returns to the whole device. The
+    decode split count uses it, and so does cuBLASLt (see use_cublaslt)."""
     global _NUM_SMS
     if n is not None and int(n) < 1:
         raise ValueError(f"set_num_sms: SM count must be >= 1, got {n}")
     _NUM_SMS = None if n is None else int(n)
+    if torch.cuda.is_available() and hasattr(torch._C, "_set_sm_carveout_experimental"):
+        total = _device_sms(torch.cuda.current_device())
+        # The carve-out is what cuBLASLt leaves to others: it plans for total - carve-out SMs.
+        torch._C._set_sm_carveout_experimental(None if _NUM_SMS is None or _NUM_SMS >= total
+                                               else total - _NUM_SMS)
+
+
+def use_cublaslt() -> None:
+    """Routes torch's GEMMs through cuBLASLt. cuBLAS sizes a GEMM's grid for every SM of the
+    device, so on a green partition the grid can take an extra, mostly idle wave; cuBLASLt
+    takes the SM count to plan for (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, set by set_num_sms).
+    Measured on an H200 (scripts/gpu_blas_partition_check.py): decode steps 13-15% faster on
+    32-104 SM partitions, prefill up to 17%, and 2-3% faster on the whole GPU."""
+    torch.backends.cuda.preferred_blas_library("cublaslt")
 
 
 @functools.lru_cache(maxsize=None)

@@ -57,7 +57,10 @@ def profile_items(lengths: list[int], decode: bool, block_size: int) -> list[Bat
 def measure(session: TorchSession, streams: dict[int, torch.cuda.Stream], block_size: int,
             max_len: int, pool_blocks: int) -> list[ProfilePoint]:
     points = []
+    set_num_sms = getattr(session.model.ops, "set_num_sms", None)
     for sms, stream in sorted(streams.items()):
+        if set_num_sms is not None:  # kernels and cuBLASLt plan for the partition, as in the workers
+            set_num_sms(sms)
         for tokens in PREFILL_TOKENS:
             if tokens > max_len or -(-tokens // block_size) > pool_blocks:
                 continue
@@ -72,6 +75,8 @@ def measure(session: TorchSession, streams: dict[int, torch.cuda.Stream], block_
             ms = time_ms(lambda: session.run(items), stream)
             points.append(ProfilePoint("decode", sms, ms, batch=batch, total_ctx=batch * ctx))
         print(f"  measured {sms} SMs", flush=True)
+    if set_num_sms is not None:
+        set_num_sms(None)
     return points
 
 
