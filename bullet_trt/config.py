@@ -53,6 +53,12 @@ class ServeConfig:
     # Neither phase gets fewer SMs than this while both run (small partitions starve
     # kernels that need many CTAs, and some cuBLAS kernels fail on them).
     min_phase_sms: int = 32
+    # bullet: while decode runs, a prompt may wait up to this fraction of the TTFT SLO for
+    # others to join its prefill batch, until the waiting prompts hold prefill_batch_tokens.
+    # A separate prefill streams the weights once per batch and slows decode while it runs;
+    # fuller, rarer batches do both less often. 0 prefills at once.
+    prefill_hold_fraction: float = 0.2
+    prefill_batch_tokens: int = 1024
     iteration_log: str = ""  # JSONL path; empty disables the per-iteration record
     max_queue: int = 1024
 
@@ -129,6 +135,10 @@ class EngineConfig:
                               f"got {s.partitioner!r}")
         if s.min_phase_sms < 0:
             raise ConfigError(f"serve.min_phase_sms must be >= 0, got {s.min_phase_sms}")
+        if not 0 <= s.prefill_hold_fraction < 1:
+            raise ConfigError(f"serve.prefill_hold_fraction must be in [0, 1), got {s.prefill_hold_fraction}")
+        if s.prefill_batch_tokens < 0:
+            raise ConfigError(f"serve.prefill_batch_tokens must be >= 0, got {s.prefill_batch_tokens}")
         if s.chunk_size <= 0:
             raise ConfigError(f"serve.chunk_size must be > 0, got {s.chunk_size}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -53,7 +53,8 @@ def test_decode_keeps_stepping_while_prefill_runs(default_engine, tmp_path):
     """Requests arriving while others decode: the decode worker's iterations interleave with
     prefill iterations instead of waiting for them (records overlap in time)."""
     log = tmp_path / "it.jsonl"
-    with LLM(str(default_engine), executor="serve", **{"serve.mode": "bullet", "serve.iteration_log": str(log)}) as llm:
+    with LLM(str(default_engine), executor="serve", **{"serve.mode": "bullet", "serve.iteration_log": str(log),
+                                                                  "serve.prefill_hold_fraction": 0}) as llm:
         core = llm.engine
         from bullet_trt.engine.request import NewRequest
         long_params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
@@ -148,7 +149,10 @@ def test_spatial_modes_follow_every_rule_under_preemption(llama_engine):
         ref = llm.generate_token_ids(batch, params)
     assert ref[2].finish_reason == ref[5].finish_reason == "stop"
     # 24 blocks of 16 tokens cannot hold 12 requests of ~60 tokens at once
-    with LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "kv.num_blocks": 24}) as llm:
+    # (prefills at once, as the decode rows come and go: gathering prompts would change
+    # when the pool runs dry, not the rules)
+    with LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "kv.num_blocks": 24,
+                                                      "serve.prefill_hold_fraction": 0}) as llm:
         out = llm.generate_token_ids(batch, params)
         stats = llm.engine.stats()
     for got, want in zip(out, ref):

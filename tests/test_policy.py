@@ -129,3 +129,22 @@ def test_without_partitioning_prefill_is_never_split():
     s.splits = []
     d = bullet_policy(s, SLO, MODEL)
     assert d.prefill_sms is None and d.admit == [0]
+
+
+def test_short_prompts_gather_into_a_fuller_batch_while_decode_runs():
+    hold = dict(hold_ms=200.0, batch_tokens=1024, max_prefill_seqs=16)
+    short = ((0.0, 150), (0.05, 200))
+    # 100 ms after the first arrival, 350 tokens: wait for more
+    assert bullet_policy(state(waiting=short, now=0.1, **hold), SLO, MODEL).admit == []
+    # the oldest has waited its share of the TTFT budget: go with what is there
+    assert bullet_policy(state(waiting=short, now=0.21, **hold), SLO, MODEL).admit == [0, 1]
+    # enough tokens, or as many prompts as a batch takes: go at once
+    full = tuple((0.0, 300) for _ in range(4))
+    assert bullet_policy(state(waiting=full, now=0.01, **hold), SLO, MODEL).admit == [0, 1, 2, 3]
+    capped = dict(hold, max_prefill_seqs=2)
+    assert bullet_policy(state(waiting=short, now=0.1, **capped), SLO, MODEL).admit == [0, 1]
+    # no decode to protect: prefill on the whole GPU at once
+    alone = bullet_policy(state(decode_batch=0, waiting=short, now=0.1, **hold), SLO, MODEL)
+    assert alone.admit == [0, 1] and alone.prefill_sms is None
+    # gathering off
+    assert bullet_policy(state(waiting=short, now=0.1, **dict(hold, hold_ms=0.0)), SLO, MODEL).admit == [0, 1]

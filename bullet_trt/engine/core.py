@@ -41,7 +41,8 @@ class EngineCore:
         self.scheduler = BatchScheduler(self.allocator, self.state.block_size, max_seqs, token_budget)
         if executor == "local":
             # One session runs both phases: decode-only steps replay the decode profile's graphs.
-            profile = dataclasses.replace(cfg.prefill, cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes)
+            profile = dataclasses.replace(cfg.prefill, cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes,
+                                          max_num_seqs=max(cfg.prefill.max_num_seqs, max_seqs))
             session = TorchSession(model, self.state.kv_pool, self.state.block_size, profile)
             session.warm_up()
             session.capture_graphs()

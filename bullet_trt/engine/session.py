@@ -98,6 +98,18 @@ class TorchSession(EngineSession):
                               output_index=1) for it in items]
             self.run(step)
             self.run(step[:1] + items[1:])
+        # The prefill kernel's tile over sequences is sized by the batch's sequence count
+        # (next power of two): a mixed batch of every size up to the session's largest, each
+        # form once with a count divisible by 16 and once not.
+        sizes, p = [], 32
+        while p // 2 < self.profile.max_num_seqs:
+            sizes += [p // 2 + 1, p] if p > 32 else [p]
+            p *= 2
+        shared = list(range(next_block, next_block + 64))  # warm-up output is never read
+        for b in sizes:
+            rows = [BatchItem("warm-up", [1] * 3, 0, shared[:1], greedy, True)]
+            rows += [BatchItem("warm-up", [1], 0, [shared[i % 64]], greedy, True) for i in range(1, b)]
+            self.run(rows)
         self.graphs = graphs
         ops = self.model.ops
         if hasattr(ops, "compile_decode_variants"):

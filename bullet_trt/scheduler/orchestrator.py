@@ -234,7 +234,9 @@ class SpatialEngineCore(EngineCore):
             waiting=[WaitingPrompt(s.arrival_time, s.num_uncached) for s in candidates],
             max_prefill_tokens=self.cfg.prefill.max_num_batched_tokens,
             max_prefill_seqs=self.cfg.prefill.max_num_seqs,
-            free_seq_slots=self.cfg.decode.max_num_seqs - len(q.decoding) - len(q.prefilling))
+            free_seq_slots=self.cfg.decode.max_num_seqs - len(q.decoding) - len(q.prefilling),
+            hold_ms=self.cfg.serve.prefill_hold_fraction * self.slo.ttft_ms,
+            batch_tokens=self.cfg.serve.prefill_batch_tokens)
         if self.cfg.serve.mode == "static" and self.splits:
             return static_policy(state, self.slo, self.perf, self.splits[0])
         return bullet_policy(state, self.slo, self.perf)

@@ -1,6 +1,9 @@
 """SLO-aware SM split and prefill admission: a pure function of the engine's state.
 
-Called whenever the prefill worker is free and prompts are waiting. Prefill gets the fewest SMs
+Called whenever the prefill worker is free and prompts are waiting. While decode runs, prompts first gather
+for a while (a bounded share of the TTFT budget) into a fuller batch: a prefill of a few
+hundred tokens streams all the weights as a decode step does, and slows the decode beside it
+for its whole run, so fewer, fuller batches cost decode less. Prefill gets the fewest SMs
 with which the whole queue, prefilled in arrival order in capped batches, meets its TTFT
 deadlines, and with which one batch takes at most half the TTFT budget (so a prompt that just
 missed it still makes its own deadline); decode keeps the rest, as long as its step meets the
@@ -36,6 +39,8 @@ class PolicyState:
     max_prefill_tokens: int = 8192
     max_prefill_seqs: int = 8
     free_seq_slots: int = 1 << 30  # decode slots left for newly prefilled sequences
+    hold_ms: float = 0.0  # how long a prompt may wait for a fuller batch while decode runs
+    batch_tokens: int = 0  # ... unless the waiting prompts already hold this many tokens
 
 
 @dataclass
@@ -106,8 +111,20 @@ def queue_meets_ttft(state: PolicyState, slo: SloConfig, model: PerfModel, sms: 
     return True
 
 
+def gathering(state: PolicyState) -> bool:
+    """Whether to let the waiting prompts gather into a fuller prefill batch for now: decode
+    is running, the oldest prompt has waited less than hold_ms, and together they hold fewer
+    than batch_tokens tokens and fit more prompts."""
+    if state.decode_batch == 0 or not state.waiting or state.hold_ms <= 0:
+        return False
+    waited_ms = (state.now - min(w.arrival for w in state.waiting)) * 1e3
+    tokens = sum(w.num_tokens for w in state.waiting)
+    return (waited_ms < state.hold_ms and tokens < state.batch_tokens
+            and len(state.waiting) < min(state.max_prefill_seqs, state.free_seq_slots))
+
+
 def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decision:
-    if not state.waiting or state.free_seq_slots <= 0:
+    if not state.waiting or state.free_seq_slots <= 0 or gathering(state):
         return Decision(prefill_sms=None, admit=[])
     if state.decode_batch == 0 or not state.splits:  # alone, or nothing to split (CPU)
         admit, ms = _admit(state, slo, model, state.total_sms)
