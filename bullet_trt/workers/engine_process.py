@@ -36,6 +36,7 @@ import traceback
 from typing import Any, Callable
 
 from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput, coalesce
+from bullet_trt.workers.gc_freeze import freeze_startup_objects
 
 log = logging.getLogger("bullet_trt.engine_process")
 
@@ -138,6 +139,7 @@ def _engine_main(cfg, factory: str, engine_kwargs: dict, inbox, outbox, stats_in
             import torch
             torch.set_num_threads(num_threads)
         core = _load_factory(factory)(cfg, **engine_kwargs)
+        freeze_startup_objects()
         info = EngineInfo(pid=os.getpid(), pgid=os.getpgid(0), max_model_len=cfg.max_model_len,
                           max_prompt_len=cfg.max_prompt_len,
                           eos_token_ids=list(getattr(core, "eos_token_ids", [])), stats=core.stats())

@@ -18,6 +18,7 @@ import torch
 import torch.multiprocessing as mp
 
 from bullet_trt.workers.decode_batch import DecodeStep, PersistentDecodeBatch
+from bullet_trt.workers.gc_freeze import freeze_startup_objects
 
 
 class WorkerDied(RuntimeError):
@@ -47,6 +48,7 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
         # has the still-empty pool to itself.
         session.warm_up()
         _capture_graphs(session, part, name, splits, set_num_sms)
+        freeze_startup_objects()
         outbox.put((name, "ready", {"pid": os.getpid(), "partitions": part.describe(),
                                      "fused_groups": session.model.fused_groups}))
     except Exception:
