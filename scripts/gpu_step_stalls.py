@@ -19,15 +19,25 @@ from bullet_trt.engine.request import NewRequest
 from bullet_trt.engine.sampling import SamplingParams
 
 
-def compiled_kernels() -> int:
+def compiled_kernels() -> dict[str, set]:
+    """Compiled variants per Triton kernel of the engine (their specialization keys)."""
     from bullet_trt.kernels import triton_ops
-    total = 0
-    for obj in vars(triton_ops).values():
-        cache = getattr(obj, "device_caches", None) or getattr(obj, "cache", None)
-        if isinstance(cache, dict):
-            for v in cache.values():
-                total += len(v[0]) if isinstance(v, tuple) and isinstance(v[0], dict) else (len(v) if isinstance(v, dict) else 1)
-    return total
+    out = {}
+    for name, obj in vars(triton_ops).items():
+        caches = getattr(obj, "device_caches", None)
+        if isinstance(caches, dict):
+            keys = set()
+            for v in caches.values():
+                table = v[0] if isinstance(v, tuple) else v
+                if isinstance(table, dict):
+                    keys |= {str(k) for k in table}
+            out[name] = keys
+    return out
+
+
+def new_variants(before: dict[str, set], after: dict[str, set]) -> list[str]:
+    return [f"{name}: {sorted(after[name] - before.get(name, set()))}" for name in after
+            if after[name] - before.get(name, set())]
 
 
 def main() -> int:
@@ -77,7 +87,7 @@ def main() -> int:
             steps += 1
             if ms > args.slow_ms:
                 slow.append(f"  t={now:6.2f}s step {ms:6.0f} ms running {running} waiting {waiting}; new kernels "
-                            f"{compiled_kernels() - k0}, alloc retries "
+                            f"{new_variants(k0, compiled_kernels())}, alloc retries "
                             f"{torch.cuda.memory_stats().get('num_alloc_retries', 0) - r0}, gen-2 gc "
                             f"{[round(p) for p in gc_pauses[g0:]]}")
         print(f"burst {burst}: {n} requests, {steps} steps, {len(slow)} over {args.slow_ms} ms", flush=True)
