@@ -56,11 +56,13 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
         return
     batch = PersistentDecodeBatch(state.block_size)
     last_step_end: float | None = None
+    stepped = False  # whether rows stepped last time round: likely they can step again
     parent = mp.parent_process()
     while True:
-        # Block on the inbox only when no row can step; otherwise take what is there.
+        # Block on the inbox only when no row stepped; otherwise take what is there. (When
+        # the rows that stepped cannot step again, the next round finds none and blocks.)
         try:
-            msg = inbox.get(timeout=1.0) if not batch.runnable() else inbox.get_nowait()
+            msg = inbox.get(timeout=1.0) if not stepped else inbox.get_nowait()
         except queue.Empty:
             msg = None
             if parent is not None and not parent.is_alive():  # orphaned: free the GPU
@@ -84,6 +86,7 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
             except queue.Empty:
                 msg = None
         ran = batch.runnable()
+        stepped = bool(ran)
         if not ran:
             if left:
                 outbox.put((name, "left", left))
