@@ -75,9 +75,10 @@ class TorchSession(EngineSession):
         """Compiles the GPU kernels before the first request (Triton compiles on first use,
         most of a second per kernel form) with throwaway steps: Triton specializes integer
         arguments equal to 1 or divisible by 16, so the shapes below reach each form of
-        every kernel (token and sequence counts of each kind, mixed prefill-and-decode
-        batches), and the decode kernels' split forms are compiled directly. Call it only
-        before any request holds KV blocks: it writes into the first blocks of the pool."""
+        every kernel (token counts of each kind, prefill-only and mixed prefill-and-decode
+        batches of every sequence-tile size), and the decode kernels' split forms are
+        compiled directly. Call it only before any request holds KV blocks: it writes into
+        the first blocks of the pool."""
         if self.device.type != "cuda":
             return
         greedy = SamplingParams(temperature=0.0, max_tokens=1)
@@ -99,17 +100,19 @@ class TorchSession(EngineSession):
             self.run(step)
             self.run(step[:1] + items[1:])
         # The prefill kernel's tile over sequences is sized by the batch's sequence count
-        # (next power of two): a mixed batch of every size up to the session's largest, each
-        # form once with a count divisible by 16 and once not.
+        # (next power of two): a mixed batch and a prefill-only batch of every tile size up
+        # to the session's largest batch.
         sizes, p = [], 32
         while p // 2 < self.profile.max_num_seqs:
-            sizes += [p // 2 + 1, p] if p > 32 else [p]
+            sizes.append(p)
             p *= 2
         shared = list(range(next_block, next_block + 64))  # warm-up output is never read
         for b in sizes:
             rows = [BatchItem("warm-up", [1] * 3, 0, shared[:1], greedy, True)]
-            rows += [BatchItem("warm-up", [1], 0, [shared[i % 64]], greedy, True) for i in range(1, b)]
-            self.run(rows)
+            decode_rows = [BatchItem("warm-up", [1], 0, [shared[i % 64]], greedy, True) for i in range(1, b)]
+            self.run(rows + decode_rows)
+            if b * 2 <= self.profile.max_num_batched_tokens:
+                self.run([BatchItem("warm-up", [1] * 2, 0, [shared[i % 64]], greedy, True) for i in range(b)])
         self.graphs = graphs
         ops = self.model.ops
         if hasattr(ops, "compile_decode_variants"):

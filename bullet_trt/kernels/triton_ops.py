@@ -127,8 +127,14 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------- RMSNorm
 
+# Integer arguments that change from batch to batch (row counts, sequence counts, block-table
+# widths) are kept out of Triton's specialization (value 1, divisible by 16): otherwise each
+# new combination of those properties compiles another form of the kernel, ~0.6 s in the
+# middle of serving, which a warm-up cannot enumerate. Measured in chunked serving on an
+# H200 (docs/gpu-evidence.md); strides fixed by the model stay specialized.
 
-@triton.jit
+
+@triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(X, R, W, Y, S, n_rows, n_cols, stride_x, stride_r, stride_y, stride_s, eps,
                      HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -348,7 +354,7 @@ def _mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
     return c
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(Q, KV, CU, SEQ_LENS, BT, O, MID_O, MID_LSE,
                    stride_qt, stride_qh, stride_kv2, stride_kvb, stride_kvo, stride_kvh,
                    stride_bt, stride_ot, stride_oh, stride_mb, stride_mh, stride_ms,
@@ -520,7 +526,7 @@ def compile_decode_variants(num_heads: int, num_kv_heads: int, head_dim: int, dt
 # ---------------------------------------------------------------------------- attention: prefill
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt", "num_seqs"])
 def _prefill_kernel(Q, KV, CU, SEQ_LENS, BT, O,
                     stride_qt, stride_qh, stride_kv2, stride_kvb, stride_kvo, stride_kvh,
                     stride_bt, stride_ot, stride_oh, qk_scale, num_seqs,

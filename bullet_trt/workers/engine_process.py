@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput, coalesce
 from bullet_trt.workers.gc_freeze import freeze_startup_objects
+from bullet_trt.workers.stall_watch import StallWatch
 
 log = logging.getLogger("bullet_trt.engine_process")
 
@@ -165,6 +166,7 @@ def _engine_loop(core, inbox, outbox, stats_interval: float, parent) -> None:
     last_stats = None
     last_stats_time = 0.0
     last_parent_check = time.monotonic()
+    watch = StallWatch.from_env("engine loop")
     while True:
         busy = core.has_unfinished()
         # Idle: sleep on the queue (waking once a second to notice a dead parent).
@@ -180,8 +182,13 @@ def _engine_loop(core, inbox, outbox, stats_interval: float, parent) -> None:
                 # block the interpreter's exit forever.
                 outbox.cancel_join_thread()
                 return
+        if watch:
+            watch.begin()
+            t_intake = time.perf_counter()
+        taken = 0
         rejected = []
         while msg is not None:
+            taken += 1
             kind = msg[0]
             if kind == "add":
                 req: NewRequest = msg[1]
@@ -200,8 +207,12 @@ def _engine_loop(core, inbox, outbox, stats_interval: float, parent) -> None:
             except queue.Empty:
                 msg = None
         outputs = rejected
+        if watch:
+            t_step = time.perf_counter()
         if core.has_unfinished():
             outputs = outputs + core.step()
+        if watch:
+            t_put = time.perf_counter()
         now = time.monotonic()
         stats = core.stats()
         if outputs:
@@ -210,6 +221,11 @@ def _engine_loop(core, inbox, outbox, stats_interval: float, parent) -> None:
         elif stats != last_stats and (now - last_stats_time >= stats_interval or not core.has_unfinished()):
             outbox.put(("stats", stats))
             last_stats, last_stats_time = stats, now
+        if watch:
+            end = time.perf_counter()
+            watch.end(messages=taken, intake_ms=(t_step - t_intake) * 1e3, step_ms=(t_put - t_step) * 1e3,
+                      put_ms=(end - t_put) * 1e3, outputs=len(outputs), running=stats.num_running,
+                      waiting=stats.num_waiting)
 
 
 # -------------------------------------------------------------------------------------------
@@ -359,6 +375,7 @@ class EngineClient(AsyncEngine):
             log.error("engine process failed:\n%s", msg[1])
 
     def _read_loop(self) -> None:
+        watch = StallWatch.from_env("engine reader")
         while True:
             try:
                 msg = self._outbox.get(timeout=0.2)
@@ -370,7 +387,11 @@ class EngineClient(AsyncEngine):
                 break
             except (EOFError, OSError):
                 break
-            self._handle_backlog(msg)
+            if watch:
+                watch.begin()
+            handled = self._handle_backlog(msg)
+            if watch:
+                watch.end(messages=handled, in_flight=self.num_in_flight())
         with self._lock:
             self._ready = False
         self._kill_group()
@@ -387,7 +408,7 @@ class EngineClient(AsyncEngine):
             except Exception:
                 log.exception("death callback failed")
 
-    def _handle_backlog(self, msg) -> None:
+    def _handle_backlog(self, msg) -> int:
         """Handles ``msg`` and every message already waiting behind it, with each request's
         outputs merged: when the callbacks (detokenizing, sending responses) fall behind the
         engine's steps, a request gets one response for several tokens instead of a queue of
@@ -405,6 +426,7 @@ class EngineClient(AsyncEngine):
         if outputs:
             stats = next(m[2] for m in reversed(msgs) if m[0] == "out")
             self._handle(("out", coalesce(outputs), stats))
+        return len(msgs)
 
     def _drain(self) -> None:
         while True:
