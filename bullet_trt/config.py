@@ -59,6 +59,9 @@ class ServeConfig:
     # fuller, rarer batches do both less often. 0 prefills at once.
     prefill_hold_fraction: float = 0.2
     prefill_batch_tokens: int = 1024
+    # bullet: the SM split is planned so that the waiting prompts are prefilled within this
+    # fraction of the TTFT SLO (the rest absorbs arrivals and prediction error).
+    ttft_plan_fraction: float = 0.5
     iteration_log: str = ""  # JSONL path; empty disables the per-iteration record
     max_queue: int = 1024
 
@@ -137,6 +140,8 @@ class EngineConfig:
             raise ConfigError(f"serve.min_phase_sms must be >= 0, got {s.min_phase_sms}")
         if not 0 <= s.prefill_hold_fraction < 1:
             raise ConfigError(f"serve.prefill_hold_fraction must be in [0, 1), got {s.prefill_hold_fraction}")
+        if not 0 < s.ttft_plan_fraction <= 1:
+            raise ConfigError(f"serve.ttft_plan_fraction must be in (0, 1], got {s.ttft_plan_fraction}")
         if s.prefill_batch_tokens < 0:
             raise ConfigError(f"serve.prefill_batch_tokens must be >= 0, got {s.prefill_batch_tokens}")
         if s.chunk_size <= 0:

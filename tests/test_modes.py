@@ -81,6 +81,8 @@ def test_bad_split_configuration_is_a_startup_error(llama_engine):
         LLM(str(llama_engine), executor="serve", **{"serve.mode": "static", "serve.static_prefill_sms": 0})
     with pytest.raises(ConfigError, match="tpot_slo_ms"):
         LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.tpot_slo_ms": 0})
+    with pytest.raises(ConfigError, match=r"serve.ttft_plan_fraction must be in \(0, 1\]"):
+        LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.ttft_plan_fraction": 1.5})
     with pytest.raises((ValueError, RuntimeError), match="serve.partitioner"):
         LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.partitioner": "green"})
 

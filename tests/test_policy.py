@@ -45,7 +45,7 @@ def test_one_batch_may_take_only_half_the_ttft_budget():
     """A 4096-token prompt that would meet its own deadline on fewer SMs still gets enough
     SMs to finish within half the budget, so a prompt arriving behind it can make its own."""
     st = state(waiting=((0.0, 4096),))
-    budget = SLO.ttft_ms * SLO.margin
+    budget = SLO.ttft_ms * SLO.ttft_plan
     slow = [s for s in SPLITS if budget / 2 < MODEL.prefill_ms(PrefillShape.of([4096]), s) <= budget]
     assert slow  # the case exists in this model
     assert not any(queue_meets_ttft(st, SLO, MODEL, s) for s in slow)
@@ -148,3 +148,14 @@ def test_short_prompts_gather_into_a_fuller_batch_while_decode_runs():
     assert alone.admit == [0, 1] and alone.prefill_sms is None
     # gathering off
     assert bullet_policy(state(waiting=short, now=0.1, **dict(hold, hold_ms=0.0)), SLO, MODEL).admit == [0, 1]
+
+
+def test_a_tighter_ttft_plan_gives_prefill_more_sms():
+    """Long prompts arriving together: planned against the whole TTFT budget, the fewest
+    SMs leave the last prompt near its deadline; the default plan (half the SLO) takes more."""
+    queue = tuple((0.0, 2048) for _ in range(4))
+    edge = bullet_policy(state(waiting=queue), SloConfig(1000.0, 50.0, ttft_plan=0.85), MODEL)
+    planned = bullet_policy(state(waiting=queue), SLO, MODEL)
+    assert SLO.ttft_plan == 0.5
+    assert planned.prefill_sms > edge.prefill_sms
+    assert queue_meets_ttft(state(waiting=queue), SLO, MODEL, planned.prefill_sms)

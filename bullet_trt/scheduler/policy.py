@@ -10,7 +10,8 @@ missed it still makes its own deadline); decode keeps the rest, as long as its s
 TPOT SLO there. Decode, the phase that runs all the time, thus gets as many SMs as TTFT allows,
 and prefill batches grow with the load instead of running small and often on most of the GPU.
 When no split keeps the queue within TTFT, prefill takes the most SMs whose remainder still
-meets TPOT. Both SLOs are planned with a safety margin. The batch admits waiting prompts,
+meets TPOT. Both SLOs are planned with a safety margin, TTFT's for the split with a wide one
+(half the SLO by default), so that prompts are not prefilled at the SLO's edge. The batch admits waiting prompts,
 earliest deadline first, while the predicted prefill time keeps each within its deadline. A
 phase with nothing to do yields every SM. The `static` policy is the fixed-split baseline
 behind the same signature.
@@ -47,7 +48,12 @@ class PolicyState:
 class SloConfig:
     ttft_ms: float
     tpot_ms: float
-    margin: float = 0.85  # plan for this fraction of each SLO
+    margin: float = 0.85  # admission and the decode step are planned for this fraction of each SLO
+    # The split is chosen so that the waiting queue is prefilled within this fraction of the
+    # TTFT SLO: planning for the whole budget made TTFT sit at the SLO's edge whenever
+    # prefill was the busier phase (long prompts), where arrivals and prediction error pushed
+    # many prompts over it.
+    ttft_plan: float = 0.5
 
 
 @dataclass
@@ -89,8 +95,8 @@ def _admit(state: PolicyState, slo: SloConfig, model: PerfModel, sms: int) -> tu
 def queue_meets_ttft(state: PolicyState, slo: SloConfig, model: PerfModel, sms: int) -> bool:
     """Whether prefilling the waiting prompts (those with a decode slot to go to) in arrival
     order, in batches capped like the admission, on `sms` SMs finishes each within its TTFT
-    deadline, with no batch longer than half the TTFT budget."""
-    budget = slo.ttft_ms * slo.margin
+    deadline (planned at slo.ttft_plan of the SLO), with no batch longer than half that budget."""
+    budget = slo.ttft_ms * slo.ttft_plan
     order = sorted(range(len(state.waiting)), key=lambda i: state.waiting[i].arrival)
     order = order[:max(0, state.free_seq_slots)]
     elapsed, start = 0.0, 0
