@@ -27,3 +27,13 @@ def test_reports_only_iterations_over_the_threshold(monkeypatch, capsys):
     watch.end(step_ms=250.0, running=7)
     err = capsys.readouterr().err
     assert "[stall] engine loop" in err and "step_ms=250.0" in err and "running=7" in err
+
+
+def test_close_disarms_the_watch(monkeypatch):
+    import gc
+    monkeypatch.setenv("BULLET_TRT_STALL_MS", "200")
+    watch = StallWatch.from_env("engine loop")
+    watch.begin()
+    assert watch._on_gc in gc.callbacks
+    watch.close()
+    assert watch._on_gc not in gc.callbacks

@@ -163,10 +163,18 @@ def _engine_main(cfg, factory: str, engine_kwargs: dict, inbox, outbox, stats_in
 
 
 def _engine_loop(core, inbox, outbox, stats_interval: float, parent) -> None:
+    watch = StallWatch.from_env("engine loop")
+    try:
+        _serve(core, inbox, outbox, stats_interval, parent, watch)
+    finally:
+        if watch:
+            watch.close()
+
+
+def _serve(core, inbox, outbox, stats_interval: float, parent, watch: StallWatch | None) -> None:
     last_stats = None
     last_stats_time = 0.0
     last_parent_check = time.monotonic()
-    watch = StallWatch.from_env("engine loop")
     while True:
         busy = core.has_unfinished()
         # Idle: sleep on the queue (waking once a second to notice a dead parent).
@@ -392,6 +400,8 @@ class EngineClient(AsyncEngine):
             handled = self._handle_backlog(msg)
             if watch:
                 watch.end(messages=handled, in_flight=self.num_in_flight())
+        if watch:
+            watch.close()
         with self._lock:
             self._ready = False
         self._kill_group()

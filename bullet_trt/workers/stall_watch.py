@@ -45,6 +45,12 @@ class StallWatch:
         self._gc_ms.clear()
         faulthandler.dump_traceback_later(3 * self.threshold_ms / 1e3, file=sys.__stderr__)
 
+    def close(self) -> None:
+        """Disarms the stack dump of an iteration that will not end (the loop is leaving)."""
+        faulthandler.cancel_dump_traceback_later()
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
     def end(self, **parts) -> None:
         faulthandler.cancel_dump_traceback_later()
         ms = (time.perf_counter() - self._start) * 1e3
