@@ -13,6 +13,8 @@ def test_off_unless_the_environment_sets_a_threshold(monkeypatch):
     assert StallWatch.from_env("loop") is None
     monkeypatch.setenv("BULLET_TRT_STALL_MS", "0")
     assert StallWatch.from_env("loop") is None
+    monkeypatch.setenv("BULLET_TRT_STALL_MS", "inf")
+    assert StallWatch.from_env("loop") is None
 
 
 def test_reports_only_iterations_over_the_threshold(monkeypatch, capsys):

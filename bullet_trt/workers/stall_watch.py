@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import faulthandler
 import gc
+import math
 import os
 import sys
 import time
@@ -32,7 +33,7 @@ class StallWatch:
             threshold = float(value)
         except ValueError:
             return None
-        return cls(where, threshold) if threshold > 0 else None
+        return cls(where, threshold) if math.isfinite(threshold) and threshold > 0 else None
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
