@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bullet_trt.scheduler.perf_model import PerfModel, PrefillShape
 from bullet_trt.scheduler.policy import (PolicyState, SloConfig, WaitingPrompt, bullet_policy,
+                                         decode_step_budget,
                                          queue_meets_ttft, static_policy)
 from tests.test_perf_model import COST, TRUE
 
@@ -159,3 +160,41 @@ def test_a_tighter_ttft_plan_gives_prefill_more_sms():
     assert SLO.ttft_plan == 0.5
     assert planned.prefill_sms > edge.prefill_sms
     assert queue_meets_ttft(state(waiting=queue), SLO, MODEL, planned.prefill_sms)
+
+
+def test_decode_with_free_slots_gives_prefill_the_sms_it_cannot_use():
+    """Long prompts, short outputs (code completion): a handful of decoding sequences in 256
+    slots. Their step is bound by the weight stream, so the SMs that only TTFT's minimum left
+    them go to prefill, as far as the step stays within its budget and the TPOT target."""
+    prompt = ((0.0, 2048),)
+    legacy = bullet_policy(state(decode_batch=4, ctx=2048, waiting=prompt), SLO, MODEL)
+    st = state(decode_batch=4, ctx=2048, waiting=prompt, decode_slots=256, free_seq_slots=252)
+    d = bullet_policy(st, SLO, MODEL)
+    assert d.prefill_sms > legacy.prefill_sms
+    budget = decode_step_budget(st, SLO, MODEL)
+    full = MODEL.decode_ms(4, 4 * 2048, 132)
+    assert full < budget < SLO.tpot_ms * SLO.margin
+    assert d.predicted_decode_ms <= budget
+    # the most such SMs: one granule more would break the budget, or there is none more
+    if d.prefill_sms < SPLITS[-1]:
+        assert MODEL.decode_ms(4, 4 * 2048, 132 - d.prefill_sms - 8) > budget
+
+
+def test_full_decode_slots_keep_decode_every_sm_ttft_leaves():
+    """Slots full or claimed by the queue: decode's step is the rate limit, and the split is
+    TTFT's minimum, as when the slots are unknown."""
+    queue = tuple((0.0, 512) for _ in range(4))
+    legacy = bullet_policy(state(decode_batch=250, ctx=600, waiting=queue), SLO, MODEL)
+    full = state(decode_batch=250, ctx=600, waiting=queue, decode_slots=256, free_seq_slots=4)
+    assert decode_step_budget(full, SLO, MODEL) == MODEL.decode_ms(250, 250 * 600, 132)
+    assert bullet_policy(full, SLO, MODEL).prefill_sms == legacy.prefill_sms
+
+
+def test_prefill_share_shrinks_as_decode_slots_fill():
+    queue = ((0.0, 1024),)
+
+    def split_for(batch: int) -> int:
+        st = state(decode_batch=batch, ctx=800, waiting=queue, decode_slots=512, free_seq_slots=512 - batch)
+        return bullet_policy(st, SLO, MODEL).prefill_sms
+    sms = [split_for(b) for b in (8, 64, 192, 320, 448, 511)]
+    assert sms == sorted(sms, reverse=True) and sms[0] > sms[-1]

@@ -235,6 +235,7 @@ class SpatialEngineCore(EngineCore):
             max_prefill_tokens=self.cfg.prefill.max_num_batched_tokens,
             max_prefill_seqs=self.cfg.prefill.max_num_seqs,
             free_seq_slots=self.cfg.decode.max_num_seqs - len(q.decoding) - len(q.prefilling),
+            decode_slots=self.cfg.decode.max_num_seqs,
             hold_ms=self.cfg.serve.prefill_hold_fraction * self.slo.ttft_ms,
             batch_tokens=self.cfg.serve.prefill_batch_tokens)
         if self.cfg.serve.mode == "static" and self.splits:

@@ -9,8 +9,11 @@ deadlines, and with which one batch takes at most half the TTFT budget (so a pro
 missed it still makes its own deadline); decode keeps the rest, as long as its step meets the
 TPOT SLO there. Decode, the phase that runs all the time, thus gets as many SMs as TTFT allows,
 and prefill batches grow with the load instead of running small and often on most of the GPU.
-When no split keeps the queue within TTFT, prefill takes the most SMs whose remainder still
-meets TPOT. Both SLOs are planned with a safety margin, TTFT's for the split with a wide one
+Decode keeps only SMs it can use, though: when most of its sequence slots are free, its
+step time limits nothing but TPOT, so prefill also takes the SMs whose loss keeps decode's
+step within a budget that grows from its full-GPU step toward the TPOT target as the
+slots empty (`decode_step_budget`). When no split keeps the queue within TTFT, prefill takes
+the most SMs whose remainder still meets TPOT. Both SLOs are planned with a safety margin, TTFT's for the split with a wide one
 (half the SLO by default), so that prompts are not prefilled at the SLO's edge. The batch admits waiting prompts,
 earliest deadline first, while the predicted prefill time keeps each within its deadline. A
 phase with nothing to do yields every SM. The `static` policy is the fixed-split baseline
@@ -42,6 +45,9 @@ class PolicyState:
     free_seq_slots: int = 1 << 30  # decode slots left for newly prefilled sequences
     hold_ms: float = 0.0  # how long a prompt may wait for a fuller batch while decode runs
     batch_tokens: int = 0  # ... unless the waiting prompts already hold this many tokens
+    # Decode's sequence slots (its max_num_seqs). None: unknown, and decode's step time is
+    # treated as always limiting throughput (it keeps every SM that TTFT leaves it).
+    decode_slots: int | None = None
 
 
 @dataclass
@@ -129,6 +135,24 @@ def gathering(state: PolicyState) -> bool:
             and len(state.waiting) < min(state.max_prefill_seqs, state.free_seq_slots))
 
 
+def decode_step_budget(state: PolicyState, slo: SloConfig, model: PerfModel) -> float:
+    """How long decode's step may take beside a prefill. Decode's speed only limits throughput
+    through its slots: a sequence holds one for as many steps as it has output tokens, so when
+    the slots are full, a slower step is fewer requests served, and decode keeps its full-GPU
+    step time. When most slots are free (long prompts with short outputs, light load), a
+    slower step costs nothing but TPOT, and the budget grows toward the TPOT target in
+    proportion to the slots neither held nor claimed by a waiting prompt; prefill, then the
+    phase that bounds the rate, gets the SMs."""
+    target = slo.tpot_ms * slo.margin
+    full = model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms)
+    if state.decode_slots is None or full >= target:
+        return min(full, target)
+    slots = max(state.decode_slots, 1)
+    claimed = slots - min(state.free_seq_slots, slots) + len(state.waiting)
+    occupancy = min(1.0, claimed / slots)
+    return full + (target - full) * (1.0 - occupancy)
+
+
 def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decision:
     if not state.waiting or state.free_seq_slots <= 0 or gathering(state):
         return Decision(prefill_sms=None, admit=[])
@@ -140,12 +164,19 @@ def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decis
         return model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms - prefill_sms)
 
     tpot_ok = [s for s in state.splits if decode_ms(s) <= slo.tpot_ms * slo.margin]
-    # Fewest prefill SMs that keep TTFT; decode keeps the rest (if that meets TPOT).
+    # Fewest prefill SMs that keep TTFT; decode keeps the rest (if that meets TPOT) ...
     chosen = next((s for s in tpot_ok if queue_meets_ttft(state, slo, model, s)), None)
     if chosen is None:
         # TTFT is at risk: prefill takes what decode can spare and stay within TPOT, or,
         # when no split meets TPOT, as little as the partitioner offers.
         chosen = tpot_ok[-1] if tpot_ok else state.splits[0]
+    else:
+        # ... unless decode cannot use them: prefill also takes every SM that decode can
+        # give up with its step still within its budget.
+        budget = decode_step_budget(state, slo, model)
+        spare = [s for s in tpot_ok if decode_ms(s) <= budget]
+        if spare and spare[-1] > chosen:
+            chosen = spare[-1]
     admit, pre_ms = _admit(state, slo, model, chosen)
     return Decision(chosen, admit, predicted_prefill_ms=pre_ms, predicted_decode_ms=decode_ms(chosen))
 
