@@ -50,9 +50,12 @@ class ServeConfig:
     partitioner: str = "auto"  # auto | green | libsmctrl | mps | none
     libsmctrl_path: str = ""  # the user's libsmctrl.so (never shipped with the project)
     static_prefill_sms: int = 0
-    # Neither phase gets fewer SMs than this while both run (small partitions starve
-    # kernels that need many CTAs, and some cuBLAS kernels fail on them).
-    min_phase_sms: int = 32
+    # Neither phase gets fewer SMs than this while both run: cuBLAS matrix-vector products
+    # failed on 12- and 4-SM partitions and ran on 16 (docs/gpu-evidence.md). 16 rather than
+    # more because a handful of decoding sequences (long prompts, short outputs) then leave
+    # prefill up to 112 of 132 SMs, which raised the rate bullet sustains there from 11 to 14
+    # req/s (docs/benchmarks.md).
+    min_phase_sms: int = 16
     # bullet: while decode runs, a prompt may wait up to this fraction of the TTFT SLO for
     # others to join its prefill batch, until the waiting prompts hold prefill_batch_tokens.
     # A separate prefill streams the weights once per batch and slows decode while it runs;

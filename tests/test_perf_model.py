@@ -60,3 +60,17 @@ def test_online_correction_tracks_a_slower_gpu(tmp_path):
     assert m.correction["prefill"] == 1.0
     m.save(tmp_path / "pm.yaml")
     assert PerfModel.load(tmp_path / "pm.yaml", COST).coeffs == TRUE
+
+
+def test_each_sm_count_learns_its_own_correction():
+    """Decode beside a prefill on 36 SMs runs 2.5x the roofline while full-GPU steps match it:
+    each count converges to its own factor, and a count never run on uses the phase-wide one."""
+    m = PerfModel(COST, TRUE)
+    for _ in range(60):
+        m.observe("decode", m.decode_ms(8, 8 * 2048, 132), m._decode_raw(8, 8 * 2048, 132), 132)
+        m.observe("decode", m.decode_ms(8, 8 * 2048, 36), 2.5 * m._decode_raw(8, 8 * 2048, 36), 36)
+    assert m.factor("decode", 132) == pytest.approx(1.0, rel=0.01)
+    assert m.factor("decode", 36) == pytest.approx(2.5, rel=0.01)
+    assert m.decode_ms(8, 8 * 2048, 36) == pytest.approx(2.5 * m._decode_raw(8, 8 * 2048, 36), rel=0.01)
+    assert 1.0 < m.factor("decode", 64) == m.correction["decode"] < 2.5
+    assert m.factor("prefill", 36) == 1.0

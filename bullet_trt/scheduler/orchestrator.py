@@ -267,7 +267,7 @@ class SpatialEngineCore(EngineCore):
         shape = PrefillShape.of([c.num_new_tokens for c in chunks])
         self.prefill.submit(items, decision.prefill_sms)
         self.inflight["prefill"] = dict(seqs=batch, chunks=chunks, split=decision.prefill_sms,
-                                        predicted=self.perf.prefill_ms(shape, sms),
+                                        predicted=self.perf.prefill_ms(shape, sms), sms=sms,
                                         tokens=shape.num_tokens, start=time.monotonic())
 
     # -- results ----------------------------------------------------------------------------
@@ -308,7 +308,7 @@ class SpatialEngineCore(EngineCore):
 
     def _complete_prefill(self, job: dict, results, measured_ms: float):
         q = self.scheduler
-        self.perf.observe("prefill", job["predicted"], measured_ms)
+        self.perf.observe("prefill", job["predicted"], measured_ms, job["sms"])
         outputs = []
         for chunk, res in zip(job["chunks"], results):
             seq = chunk.seq
@@ -352,7 +352,7 @@ class SpatialEngineCore(EngineCore):
         split = step.prefill_sms
         sms = self.total_sms if split is None else self.total_sms - split
         predicted = self.perf.decode_ms(len(step.row_ids), step.total_ctx, sms)
-        self.perf.observe("decode", predicted, step.measured_ms)
+        self.perf.observe("decode", predicted, step.measured_ms, sms)
         self._record("decode", step.start, received, len(step.row_ids), len(step.row_ids), split,
                      predicted, step.measured_ms, host_gap_ms=step.idle_ms)
         return outputs

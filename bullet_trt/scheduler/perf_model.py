@@ -10,7 +10,12 @@ so bandwidth(total) = bw_max and half of it needs far fewer than half of the SMs
 section 2: 64 of 132 SMs already reach ~90% of the copy bandwidth). The byte and FLOP counts
 come from the model shape; the five coefficients are fitted to measured points on the target
 GPU (``build_engines.py --profile``) and each phase carries an online correction factor that
-tracks measured/predicted iteration times while serving.
+tracks measured/predicted iteration times while serving, one per SM count it ran on: a
+phase's partition runs beside the other phase (sharing memory bandwidth, L2 and the chip's
+power budget) and small partitions run some kernels in extra waves, neither of which the
+roofline sees, so a single factor, dominated by the full-GPU steps, under-predicts a
+decode step beside a prefill by up to 2-3x (docs/gpu-evidence.md). The phase-wide factor
+stands in for SM counts not yet observed.
 """
 from __future__ import annotations
 
@@ -78,7 +83,11 @@ class PerfModel:
         self.cost = cost
         self.coeffs = coeffs
         self.correction = {"prefill": 1.0, "decode": 1.0}
+        self.split_correction: dict[tuple[str, int], float] = {}
         self.ewma = ewma
+
+    def factor(self, phase: str, sms: int) -> float:
+        return self.split_correction.get((phase, sms), self.correction[phase])
 
     # -- raw roofline ------------------------------------------------------------------------
     def _prefill_raw(self, shape: PrefillShape, sms: int) -> float:
@@ -95,17 +104,24 @@ class PerfModel:
 
     # -- corrected predictions ---------------------------------------------------------------
     def prefill_ms(self, shape: PrefillShape, sms: int) -> float:
-        return self._prefill_raw(shape, sms) * self.correction["prefill"]
+        return self._prefill_raw(shape, sms) * self.factor("prefill", sms)
 
     def decode_ms(self, batch: int, total_ctx: int, sms: int) -> float:
-        return self._decode_raw(batch, total_ctx, sms) * self.correction["decode"]
+        return self._decode_raw(batch, total_ctx, sms) * self.factor("decode", sms)
 
-    def observe(self, phase: str, predicted_ms: float, measured_ms: float) -> None:
-        """Moves the phase's correction toward measured/predicted (predicted includes it)."""
+    def observe(self, phase: str, predicted_ms: float, measured_ms: float, sms: int | None = None) -> None:
+        """Moves the phase's corrections toward measured/roofline: the phase-wide one and, given
+        the SM count it ran on, that count's (which starts from the phase-wide one).
+        `predicted_ms` is this model's prediction for the run, correction included."""
         if predicted_ms <= 0 or measured_ms <= 0:
             return
-        ratio = measured_ms / (predicted_ms / self.correction[phase])
+        used = self.correction[phase] if sms is None else self.factor(phase, sms)
+        ratio = measured_ms / (predicted_ms / used)
         ratio = min(max(ratio, 0.1), 10.0)  # one outlier (a page fault, a GC) must not swing it
+        if sms is not None:
+            key = (phase, sms)
+            current = self.split_correction.get(key, self.correction[phase])
+            self.split_correction[key] = current + self.ewma * (ratio - current)
         self.correction[phase] += self.ewma * (ratio - self.correction[phase])
 
     # -- persistence -------------------------------------------------------------------------
