@@ -9,13 +9,14 @@ deadlines, and with which one batch takes at most half the TTFT budget (so a pro
 missed it still makes its own deadline); decode keeps the rest, as long as its step meets the
 TPOT SLO there. Decode, the phase that runs all the time, thus gets as many SMs as TTFT allows,
 and prefill batches grow with the load instead of running small and often on most of the GPU.
-Decode keeps only SMs it can use, though: when most of its sequence slots are free, its
-step time limits nothing but TPOT, so prefill also takes the SMs whose loss keeps decode's
-step within a budget that grows from its full-GPU step toward the TPOT target as the
-slots empty (`decode_step_budget`). When no split keeps the queue within TTFT, prefill takes
-the most SMs whose remainder still meets TPOT. Both SLOs are planned with a safety margin, TTFT's for the split with a wide one
-(half the SLO by default), so that prompts are not prefilled at the SLO's edge. The batch admits waiting prompts,
-earliest deadline first, while the predicted prefill time keeps each within its deadline. A
+Decode's speed only matters while its sequence slots are scarce, though: when most are
+free, its step time limits nothing but TPOT, so prefill also takes the SMs whose loss keeps
+decode's step within a budget that grows from its full-GPU step toward the TPOT target as
+the slots empty (`decode_step_budget`). When no split keeps the queue within TTFT, prefill
+takes the most SMs whose remainder still meets TPOT. Both SLOs are planned with a safety
+margin, TTFT's for the split with a wide one (half the SLO by default), so that prompts are
+not prefilled at the SLO's edge. The batch admits waiting prompts, earliest deadline
+first, while the predicted prefill time keeps each within its deadline. A
 phase with nothing to do yields every SM. The `static` policy is the fixed-split baseline
 behind the same signature.
 """
