@@ -56,6 +56,11 @@ class ServeConfig:
     # prefill up to 112 of 132 SMs, which raised the rate bullet sustains there from 11 to 14
     # req/s (docs/benchmarks.md).
     min_phase_sms: int = 16
+    # bullet: whether waiting prompts may be prefilled inside decode's step instead of on a
+    # partition beside it. auto: while decode's dense layers are bound by math (a large
+    # decode batch), as many whole prompts as keep the step within the TPOT target and
+    # chunk_size tokens; always: whatever fits chunk_size, whatever the step's time; never.
+    fuse_prefill: str = "never"
     # bullet: while decode runs, a prompt may wait up to this fraction of the TTFT SLO for
     # others to join its prefill batch, until the waiting prompts hold prefill_batch_tokens.
     # A separate prefill streams the weights once per batch and slows decode while it runs;
@@ -139,6 +144,8 @@ class EngineConfig:
         if s.partitioner not in ("auto", "green", "libsmctrl", "mps", "none"):
             raise ConfigError("serve.partitioner must be auto, green, libsmctrl, mps or none, "
                               f"got {s.partitioner!r}")
+        if s.fuse_prefill not in ("never", "auto", "always"):
+            raise ConfigError(f"serve.fuse_prefill must be never, auto or always, got {s.fuse_prefill!r}")
         if s.min_phase_sms < 0:
             raise ConfigError(f"serve.min_phase_sms must be >= 0, got {s.min_phase_sms}")
         if not 0 <= s.prefill_hold_fraction < 1:

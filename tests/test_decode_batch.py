@@ -42,3 +42,15 @@ def test_leaves_are_acknowledged_even_for_rows_that_joined_in_the_same_update():
     batch.apply(DecodeUpdate(joins=[(0, item(1, [1]))]))
     left = batch.apply(DecodeUpdate(joins=[(1, item(1, [2]))], leaves=[0, 1]))
     assert sorted(left) == [0, 1] and batch.rows == {} and batch.runnable() == []
+
+
+def test_prompts_ride_along_once_in_arrival_order():
+    batch = PersistentDecodeBatch(block_size=16)
+    first = BatchItem("a", [1, 2, 3], 0, [4], SamplingParams(max_tokens=8), True)
+    second = BatchItem("b", [7, 8], 0, [5], SamplingParams(max_tokens=8), True)
+    update = DecodeUpdate(prompts=[first])
+    assert update  # an update that only carries prompts is still sent
+    batch.apply(update)
+    batch.apply(DecodeUpdate(prompts=[second]))
+    assert batch.take_prompts() == [first, second]
+    assert batch.take_prompts() == [] and batch.runnable() == []  # prompts never become rows here

@@ -43,6 +43,26 @@ def test_greedy_outputs_identical_across_modes(llama_engine, tmp_path):
     assert png.stat().st_size > 1000
 
 
+def test_prompts_fused_into_decode_steps_give_the_same_outputs(llama_engine, tmp_path):
+    """serve.fuse_prefill=always: once rows decode, waiting prompts are prefilled inside the
+    decode worker's step; outputs stay those of chunked serving and every block comes back."""
+    batch = prompts(14, seed=9)
+    chunked, _ = run_mode(llama_engine, "chunked", batch, **{"serve.chunk_size": 32})
+    log = tmp_path / "fused.jsonl"
+    fused, stats = run_mode(llama_engine, "bullet", batch, **{
+        "serve.fuse_prefill": "always", "serve.iteration_log": str(log), "prefill.max_num_seqs": 2,
+        "serve.prefill_hold_fraction": 0})
+    assert fused == chunked
+    assert stats.kv_blocks_free == stats.kv_blocks_total
+    records = load(log)
+    steps = [r for r in records if r["phase"] == "fused"]
+    assert steps and {"prefill", "decode"} <= {r["phase"] for r in records}
+    prefilled = sum(r["batch"] for r in records if r["phase"] == "prefill")
+    assert prefilled < len(batch)  # the rest rode along in decode steps
+    assert all(r["tokens"] > r["batch"] for r in steps)  # prompt tokens on top of one per row
+    assert plot(records, tmp_path / "fused.png").stat().st_size > 1000
+
+
 @pytest.fixture(scope="module")
 def default_engine(tmp_path_factory):
     from build_engines import build_default_engine
@@ -83,6 +103,8 @@ def test_bad_split_configuration_is_a_startup_error(llama_engine):
         LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.tpot_slo_ms": 0})
     with pytest.raises(ConfigError, match=r"serve.ttft_plan_fraction must be in \(0, 1\]"):
         LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.ttft_plan_fraction": 1.5})
+    with pytest.raises(ConfigError, match="serve.fuse_prefill must be never, auto or always, got 'often'"):
+        LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.fuse_prefill": "often"})
     with pytest.raises((ValueError, RuntimeError), match="serve.partitioner"):
         LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.partitioner": "green"})
 
@@ -135,7 +157,8 @@ def _mixed_requests(batch):
         for i in range(len(batch))]
 
 
-def test_spatial_modes_follow_every_rule_under_preemption(llama_engine):
+@pytest.mark.parametrize("fuse", ["never", "always"])
+def test_spatial_modes_follow_every_rule_under_preemption(llama_engine, fuse):
     """The decode worker steps its own rows: seeded sampling, min_tokens, end ids, stop
     sequences and log-probs come out as in the in-process engine, also when a small pool
     preempts decoding sequences, and every block comes back."""
@@ -154,7 +177,8 @@ def test_spatial_modes_follow_every_rule_under_preemption(llama_engine):
     # (prefills at once, as the decode rows come and go: gathering prompts would change
     # when the pool runs dry, not the rules)
     with LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "kv.num_blocks": 24,
-                                                      "serve.prefill_hold_fraction": 0}) as llm:
+                                                      "serve.prefill_hold_fraction": 0,
+                                                      "serve.fuse_prefill": fuse}) as llm:
         out = llm.generate_token_ids(batch, params)
         stats = llm.engine.stats()
     for got, want in zip(out, ref):

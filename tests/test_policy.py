@@ -198,3 +198,32 @@ def test_prefill_share_shrinks_as_decode_slots_fill():
         return bullet_policy(st, SLO, MODEL).prefill_sms
     sms = [split_for(b) for b in (8, 64, 192, 320, 448, 511)]
     assert sms == sorted(sms, reverse=True) and sms[0] > sms[-1]
+
+
+def test_large_decode_batch_fuses_prompts_into_its_step():
+    """Past the batch where decode's dense layers are bound by math, short prompts ride in
+    decode's step (as many as keep it within the TPOT target); below it, they get a
+    partition; `never` keeps the partition."""
+    short = tuple((0.0, 160) for _ in range(40))
+    big = state(decode_batch=512, ctx=600, waiting=short, fuse="auto", fuse_tokens=2048)
+    small = state(decode_batch=16, ctx=600, waiting=short, fuse="auto", fuse_tokens=2048)
+    assert MODEL.decode_gemms_compute_bound(512, 132) and not MODEL.decode_gemms_compute_bound(16, 132)
+    d = bullet_policy(big, SLO, MODEL)
+    assert d.fuse and d.prefill_sms is None and 0 < len(d.admit) < len(short)
+    assert d.admit == sorted(d.admit)  # arrival order (all arrived at once: index order)
+    target = SLO.tpot_ms * SLO.margin
+    fused = lambda n: MODEL.fused_ms(512, 512 * 600, PrefillShape.of([160] * n), 132)  # noqa: E731
+    assert d.predicted_prefill_ms == fused(len(d.admit)) <= target < fused(len(d.admit) + 1)
+    assert not bullet_policy(small, SLO, MODEL).fuse
+    assert not bullet_policy(state(decode_batch=512, ctx=600, waiting=short), SLO, MODEL).fuse
+
+
+def test_fused_step_respects_its_token_budget_and_long_prompts_take_a_partition():
+    st = state(decode_batch=512, ctx=600, waiting=((0.0, 100), (0.0, 100), (0.0, 100)),
+               fuse="always", fuse_tokens=512 + 250)
+    d = bullet_policy(st, SLO, MODEL)
+    assert d.fuse and d.admit == [0, 1]  # a third prompt would exceed 762 tokens
+    long_head = state(decode_batch=512, ctx=600, waiting=((0.0, 3000), (0.0, 100)), fuse="auto",
+                      fuse_tokens=2048)
+    d = bullet_policy(long_head, SLO, MODEL)
+    assert not d.fuse and d.prefill_sms is not None and 0 in d.admit

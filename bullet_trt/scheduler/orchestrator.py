@@ -143,7 +143,7 @@ class SpatialEngineCore(EngineCore):
                 self._finish(seq, "abort")
                 outputs.append(self._output(seq))
         self._aborted = [rid for rid in self._aborted if rid in self.seqs]
-        if "prefill" not in self.inflight:
+        if not self.inflight:  # one prefill at a time: on its partition, or in decode's step
             self._launch_prefill()
         self._send_decode_update()
         if not (self.inflight or self.rows or self.unacked):
@@ -156,8 +156,7 @@ class SpatialEngineCore(EngineCore):
         return outputs
 
     def _in_prefill(self, seq: Sequence) -> bool:
-        job = self.inflight.get("prefill")
-        return job is not None and seq in job["seqs"]
+        return any(seq in job["seqs"] for job in self.inflight.values())
 
     # -- the decode worker's rows -----------------------------------------------------------
     def _join(self, seq: Sequence) -> None:
@@ -236,6 +235,7 @@ class SpatialEngineCore(EngineCore):
             max_prefill_seqs=self.cfg.prefill.max_num_seqs,
             free_seq_slots=self.cfg.decode.max_num_seqs - len(q.decoding) - len(q.prefilling),
             decode_slots=self.cfg.decode.max_num_seqs,
+            fuse=self.cfg.serve.fuse_prefill, fuse_tokens=self.cfg.serve.chunk_size,
             hold_ms=self.cfg.serve.prefill_hold_fraction * self.slo.ttft_ms,
             batch_tokens=self.cfg.serve.prefill_batch_tokens)
         if self.cfg.serve.mode == "static" and self.splits:
@@ -262,9 +262,15 @@ class SpatialEngineCore(EngineCore):
             q.prefilling.append(seq)
         chunks = [ScheduledChunk(s, s.num_uncached) for s in batch]
         items = [self._item(c) for c in chunks]
+        shape = PrefillShape.of([c.num_new_tokens for c in chunks])
+        if decision.fuse:
+            self.update.prompts += items
+            self.inflight["fused"] = dict(seqs=batch, chunks=chunks, split=None, sms=self.total_sms,
+                                          predicted=decision.predicted_prefill_ms,
+                                          tokens=shape.num_tokens, start=time.monotonic())
+            return
         self.current_prefill_sms = decision.prefill_sms
         sms = self.total_sms if decision.prefill_sms is None else decision.prefill_sms
-        shape = PrefillShape.of([c.num_new_tokens for c in chunks])
         self.prefill.submit(items, decision.prefill_sms)
         self.inflight["prefill"] = dict(seqs=batch, chunks=chunks, split=decision.prefill_sms,
                                         predicted=self.perf.prefill_ms(shape, sms), sms=sms,
@@ -307,8 +313,15 @@ class SpatialEngineCore(EngineCore):
                 self.allocator.release(blocks)
 
     def _complete_prefill(self, job: dict, results, measured_ms: float):
-        q = self.scheduler
         self.perf.observe("prefill", job["predicted"], measured_ms, job["sms"])
+        outputs = self._prefilled(job, results)
+        self._record("prefill", job["start"], job["end"], len(job["seqs"]), job["tokens"],
+                     job["split"], job["predicted"], measured_ms)
+        return outputs
+
+    def _prefilled(self, job: dict, results) -> list:
+        """The job's sequences, their prompts now cached, start decoding (or finish)."""
+        q = self.scheduler
         outputs = []
         for chunk, res in zip(job["chunks"], results):
             seq = chunk.seq
@@ -329,8 +342,6 @@ class SpatialEngineCore(EngineCore):
                 self.seqs.pop(seq.request_id, None)
             else:
                 self._join(seq)
-        self._record("prefill", job["start"], job["end"], len(job["seqs"]), job["tokens"],
-                     job["split"], job["predicted"], measured_ms)
         return outputs
 
     def _complete_decode(self, step: DecodeStep, received: float):
@@ -351,6 +362,16 @@ class SpatialEngineCore(EngineCore):
                 self.update.grants.append((row, seq.block_table[before:]))
         split = step.prefill_sms
         sms = self.total_sms if split is None else self.total_sms - split
+        if step.prompt_results is not None:
+            job = self.inflight.pop("fused")
+            shape = PrefillShape.of([c.num_new_tokens for c in job["chunks"]])
+            predicted = self.perf.fused_ms(len(step.row_ids), step.total_ctx, shape, sms)
+            self.perf.observe("fused", predicted, step.measured_ms, sms)
+            outputs += self._prefilled(job, step.prompt_results)
+            self._record("fused", step.start, received, len(step.row_ids) + len(job["seqs"]),
+                         len(step.row_ids) + step.prompt_tokens, split, predicted, step.measured_ms,
+                         host_gap_ms=step.idle_ms)
+            return outputs
         predicted = self.perf.decode_ms(len(step.row_ids), step.total_ctx, sms)
         self.perf.observe("decode", predicted, step.measured_ms, sms)
         self._record("decode", step.start, received, len(step.row_ids), len(step.row_ids), split,
@@ -363,15 +384,16 @@ class SpatialEngineCore(EngineCore):
         total = self.partitioner.total_sms  # 0 without partitioning (CPU)
         prefill_sms = total if split is None else split
         decode_sms = total if split is None else total - split
+        stepping = phase in ("decode", "fused")  # a fused step is decode's, prompts riding along
         self.last_split = (prefill_sms if phase == "prefill" else self.last_split[0],
-                           decode_sms if phase == "decode" else self.last_split[1])
+                           decode_sms if stepping else self.last_split[1])
         if self.log is None:
             return
         q = self.scheduler
         rec = {"t": round(start - self.t0, 6), "phase": phase, "batch": batch,
                "tokens": tokens, "sms": prefill_sms if phase == "prefill" else decode_sms,
                "prefill_sms": prefill_sms if split is not None or phase == "prefill" else 0,
-               "decode_sms": decode_sms if split is not None or phase == "decode" else 0,
+               "decode_sms": decode_sms if split is not None or stepping else 0,
                "predicted_ms": round(predicted, 3), "measured_ms": round(measured_ms, 3),
                "waiting": len(q.waiting), "prefilling": len(q.prefilling), "decoding": len(q.decoding),
                **self.gpu_monitor.sample()}

@@ -83,7 +83,8 @@ class PerfModel:
     def __init__(self, cost: ModelCost, coeffs: RooflineCoeffs, ewma: float = 0.2):
         self.cost = cost
         self.coeffs = coeffs
-        self.correction = {"prefill": 1.0, "decode": 1.0}
+        # fused: a decode step that also prefills whole prompts (one pass over the weights)
+        self.correction = {"prefill": 1.0, "decode": 1.0, "fused": 1.0}
         self.split_correction: dict[tuple[str, int], float] = {}
         self.ewma = ewma
 
@@ -97,11 +98,22 @@ class PerfModel:
         moved = c.weight_bytes + c.kv_bytes_per_token * shape.num_tokens
         return max(flops / k.compute(sms), moved / k.bandwidth(sms)) + k.prefill_overhead_ms
 
-    def _decode_raw(self, batch: int, total_ctx: int, sms: int) -> float:
+    def _decode_raw(self, batch: int, total_ctx: int, sms: int, prompts: PrefillShape | None = None) -> float:
         c, k = self.cost, self.coeffs
         flops = c.flops_per_token * batch + c.attn_flops_per_pair * total_ctx
         moved = c.weight_bytes + c.kv_bytes_per_token * total_ctx
+        if prompts is not None:
+            flops += c.flops_per_token * prompts.num_tokens + c.attn_flops_per_pair * prompts.attn_pairs
+            moved += c.kv_bytes_per_token * prompts.num_tokens
         return max(flops / k.compute(sms), moved / k.bandwidth(sms)) + k.decode_overhead_ms
+
+    def decode_gemms_compute_bound(self, batch: int, sms: int) -> bool:
+        """Whether a decode step of `batch` rows on `sms` SMs is limited by math rather than
+        by streaming the weights, in its dense layers (its attention streams the KV cache
+        either way). Past that point a prefill on a partition beside it takes SMs from a
+        phase that needs them, while a prefill inside the step shares its weight stream."""
+        c, k = self.cost, self.coeffs
+        return c.flops_per_token * batch / k.compute(sms) >= c.weight_bytes / k.bandwidth(sms)
 
     # -- corrected predictions ---------------------------------------------------------------
     def prefill_ms(self, shape: PrefillShape, sms: int) -> float:
@@ -109,6 +121,10 @@ class PerfModel:
 
     def decode_ms(self, batch: int, total_ctx: int, sms: int) -> float:
         return self._decode_raw(batch, total_ctx, sms) * self.factor("decode", sms)
+
+    def fused_ms(self, batch: int, total_ctx: int, prompts: PrefillShape, sms: int) -> float:
+        """A decode step that also prefills `prompts`."""
+        return self._decode_raw(batch, total_ctx, sms, prompts) * self.factor("fused", sms)
 
     def observe(self, phase: str, predicted_ms: float, measured_ms: float, sms: int | None = None) -> None:
         """Moves the phase's corrections toward measured/roofline: the phase-wide one and, given

@@ -16,7 +16,14 @@ the slots empty (`decode_step_budget`). When no split keeps the queue within TTF
 takes the most SMs whose remainder still meets TPOT. Both SLOs are planned with a safety
 margin, TTFT's for the split with a wide one (half the SLO by default), so that prompts are
 not prefilled at the SLO's edge. The batch admits waiting prompts, earliest deadline
-first, while the predicted prefill time keeps each within its deadline. A
+first, while the predicted prefill time keeps each within its deadline.
+
+Once decode's dense layers are bound by math rather than by the weight stream (a large
+decode batch), a prefill beside decode only takes SMs from a phase that needs them. There
+the policy (`serve.fuse_prefill=auto`) fuses instead: whole waiting prompts ride along in
+decode's next step, sharing its pass over the weights, as many as keep that step within the
+TPOT target and the step's token budget; a prompt that does not fit goes to the prefill
+partition as above. A
 phase with nothing to do yields every SM. The `static` policy is the fixed-split baseline
 behind the same signature.
 """
@@ -49,6 +56,8 @@ class PolicyState:
     # Decode's sequence slots (its max_num_seqs). None: unknown, and decode's step time is
     # treated as always limiting throughput (it keeps every SM that TTFT leaves it).
     decode_slots: int | None = None
+    fuse: str = "never"  # never | auto | always: whether prompts may ride in decode's step
+    fuse_tokens: int = 0  # tokens a fused step may hold, decode rows included (0: no cap)
 
 
 @dataclass
@@ -69,6 +78,7 @@ class Decision:
     admit: list[int]  # indices into state.waiting, in launch order
     predicted_prefill_ms: float = 0.0
     predicted_decode_ms: float = 0.0
+    fuse: bool = False  # the admitted prompts ride in decode's next step (prefill_sms None)
 
     def decode_sms(self, total: int) -> int:
         return total if self.prefill_sms is None else total - self.prefill_sms
@@ -154,8 +164,41 @@ def decode_step_budget(state: PolicyState, slo: SloConfig, model: PerfModel) -> 
     return full + (target - full) * (1.0 - occupancy)
 
 
+def fuses(state: PolicyState, model: PerfModel) -> bool:
+    if state.decode_batch == 0 or state.fuse == "never":
+        return False
+    return state.fuse == "always" or model.decode_gemms_compute_bound(state.decode_batch, state.total_sms)
+
+
+def _admit_fused(state: PolicyState, slo: SloConfig, model: PerfModel) -> tuple[list[int], float]:
+    """Waiting prompts in arrival order, whole, while decode's step with them stays within
+    the token budget and (unless fusing always) the TPOT target."""
+    order = sorted(range(len(state.waiting)), key=lambda i: state.waiting[i].arrival)
+    admitted: list[int] = []
+    predicted = 0.0
+    tokens = 0
+    for i in order[:max(0, state.free_seq_slots)]:
+        n = state.waiting[i].num_tokens
+        if state.fuse_tokens and state.decode_batch + tokens + n > state.fuse_tokens:
+            break
+        shape = PrefillShape.of([state.waiting[j].num_tokens for j in admitted + [i]])
+        ms = model.fused_ms(state.decode_batch, state.decode_total_ctx, shape, state.total_sms)
+        if state.fuse != "always" and ms > slo.tpot_ms * slo.margin:
+            break
+        admitted.append(i)
+        tokens += n
+        predicted = ms
+    return admitted, predicted
+
+
 def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decision:
-    if not state.waiting or state.free_seq_slots <= 0 or gathering(state):
+    if not state.waiting or state.free_seq_slots <= 0:
+        return Decision(prefill_sms=None, admit=[])
+    if fuses(state, model):
+        admit, ms = _admit_fused(state, slo, model)
+        if admit:
+            return Decision(None, admit, predicted_prefill_ms=ms, predicted_decode_ms=ms, fuse=True)
+    if gathering(state):
         return Decision(prefill_sms=None, admit=[])
     if state.decode_batch == 0 or not state.splits:  # alone, or nothing to split (CPU)
         admit, ms = _admit(state, slo, model, state.total_sms)

@@ -8,6 +8,11 @@ each sampled token back itself; the orchestrator only sends what changes: rows t
 and the SM split to run on. A row steps while its next position has a block and it may still
 produce a token; the orchestrator grants blocks a little ahead so that rows rarely wait.
 
+Prompts can ride along too: the orchestrator may hand the worker whole prompts to prefill
+inside its next step, on the GPU share decode runs on, so that they share the step's pass
+over the weights instead of running beside it on a partition of their own (the fused path
+of `bullet_trt/scheduler/policy.py`). Their results come back with that step.
+
 A row that leaves may have stepped once or twice more than the orchestrator accepted; those
 tokens are dropped there. Its KV blocks are freed only after the worker acknowledges the
 leave, so a late step never writes into blocks that another sequence already got.
@@ -27,9 +32,10 @@ class DecodeUpdate:
     leaves: list[int] = field(default_factory=list)
     grants: list[tuple[int, list[int]]] = field(default_factory=list)  # row id, blocks to append
     split: tuple[int | None] | None = None  # (prefill SMs,) when the decode partition changes
+    prompts: list[BatchItem] = field(default_factory=list)  # to prefill within the next step
 
     def __bool__(self) -> bool:
-        return bool(self.joins or self.leaves or self.grants or self.split is not None)
+        return bool(self.joins or self.leaves or self.grants or self.split is not None or self.prompts)
 
 
 @dataclass
@@ -46,6 +52,9 @@ class DecodeStep:
     start: float  # time.monotonic(), comparable across processes
     measured_ms: float
     idle_ms: float | None  # since the worker's previous step ended (None: first step)
+    # one result per prompt the step carried, in the order they were sent; None: it carried none
+    prompt_results: list | None = None
+    prompt_tokens: int = 0
 
 
 class PersistentDecodeBatch:
@@ -53,6 +62,7 @@ class PersistentDecodeBatch:
         self.block_size = block_size
         self.rows: dict[int, BatchItem] = {}
         self.prefill_sms: int | None = None
+        self.prompts: list[BatchItem] = []
 
     def apply(self, update: DecodeUpdate) -> list[int]:
         """Applies an update; returns the row ids that left (to acknowledge)."""
@@ -68,7 +78,12 @@ class PersistentDecodeBatch:
                 item.block_table.extend(blocks)
         if update.split is not None:
             self.prefill_sms = update.split[0]
+        self.prompts += update.prompts
         return list(update.leaves)
+
+    def take_prompts(self) -> list[BatchItem]:
+        prompts, self.prompts = self.prompts, []
+        return prompts
 
     def runnable(self) -> list[tuple[int, BatchItem]]:
         """Rows whose next position has a block and that may still produce a token."""

@@ -86,24 +86,29 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
             except queue.Empty:
                 msg = None
         ran = batch.runnable()
+        prompts = batch.take_prompts()
         stepped = bool(ran)
-        if not ran:
+        if not ran and not prompts:
             if left:
                 outbox.put((name, "left", left))
             continue
+        rows = [item for _, item in ran]
         try:
-            items = [item for _, item in ran]
-            results, elapsed_ms, start = _timed_run(session, device, part, name, batch.prefill_sms, set_num_sms, items)
+            results, elapsed_ms, start = _timed_run(session, device, part, name, batch.prefill_sms,
+                                                    set_num_sms, rows + prompts)
         except Exception:
             outbox.put((name, "error", traceback.format_exc()))
             continue
-        tokens = [r.token_id for r in results]
+        row_results = results[:len(rows)]
+        tokens = [r.token_id for r in row_results]
         step = DecodeStep(row_ids=[row_id for row_id, _ in ran], token_ids=tokens,
-                          logprobs=[r.logprob for r in results], left=left,
+                          logprobs=[r.logprob for r in row_results], left=left,
                           prefill_sms=batch.prefill_sms,
-                          total_ctx=sum(it.start_pos + 1 for it in items), start=start,
+                          total_ctx=sum(it.start_pos + 1 for it in rows), start=start,
                           measured_ms=elapsed_ms,
-                          idle_ms=None if last_step_end is None else (start - last_step_end) * 1e3)
+                          idle_ms=None if last_step_end is None else (start - last_step_end) * 1e3,
+                          prompt_results=results[len(rows):] if prompts else None,
+                          prompt_tokens=sum(len(it.input_token_ids) for it in prompts))
         batch.advance(ran, tokens)
         last_step_end = time.monotonic()
         outbox.put((name, "step", step))
