@@ -24,14 +24,13 @@ def plot(records: list[dict], out: str | Path, title: str = "") -> Path:
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(10, 6),
                                       gridspec_kw={"height_ratios": [2, 1]})
     # a fused step is decode's step with prompts riding along: on decode's SMs
-    for phase, color, kinds in (("prefill", "tab:orange", ("prefill",)), ("decode", "tab:red", ("fused",)),
-                                ("decode", "tab:blue", ("decode",))):
-        rows = [r for r in records if r["phase"] in kinds]
+    for phase, color in (("prefill", "tab:orange"), ("fused", "tab:red"), ("decode", "tab:blue")):
+        rows = [r for r in records if r["phase"] == phase]
         if rows:
             # Each iteration is a bar from its start, as long as it ran, as tall as its SMs.
             top.bar([r["t"] for r in rows], [r["sms"] for r in rows],
                     width=[r["measured_ms"] / 1e3 for r in rows], align="edge",
-                    color=color, alpha=0.6, label=f"{kinds[0]} SMs")
+                    color=color, alpha=0.6, label=f"{phase} SMs")
     top.set_ylabel("SMs per iteration")
     top.legend(loc="upper right")
     top.set_title(title or "SM split per iteration")

@@ -262,15 +262,14 @@ class SpatialEngineCore(EngineCore):
             q.prefilling.append(seq)
         chunks = [ScheduledChunk(s, s.num_uncached) for s in batch]
         items = [self._item(c) for c in chunks]
-        shape = PrefillShape.of([c.num_new_tokens for c in chunks])
         if decision.fuse:
             self.update.prompts += items
-            self.inflight["fused"] = dict(seqs=batch, chunks=chunks, split=None, sms=self.total_sms,
-                                          predicted=decision.predicted_prefill_ms,
-                                          tokens=shape.num_tokens, start=time.monotonic())
+            # timed, predicted and logged as the decode step that carries it
+            self.inflight["fused"] = dict(seqs=batch, chunks=chunks)
             return
         self.current_prefill_sms = decision.prefill_sms
         sms = self.total_sms if decision.prefill_sms is None else decision.prefill_sms
+        shape = PrefillShape.of([c.num_new_tokens for c in chunks])
         self.prefill.submit(items, decision.prefill_sms)
         self.inflight["prefill"] = dict(seqs=batch, chunks=chunks, split=decision.prefill_sms,
                                         predicted=self.perf.prefill_ms(shape, sms), sms=sms,
