@@ -281,6 +281,21 @@ def test_sustained_rate_averages_repeats_and_stops_at_the_first_miss(tmp_path):
     assert "| sharegpt | bullet | 3 | 4 | 3.00x chunked |" in md
 
 
+def test_compare_reads_gzipped_results_beside_plain_ones(tmp_path):
+    import gzip
+    from bullet_trt.bench import serve_bench
+    path, _ = _fake_run(tmp_path, "chunked", 1.0, 0.05)
+    gz = path.with_name(path.name + ".gz")
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    path.unlink()
+    _fake_run(tmp_path, "bullet", 1.0, 0.05)
+    (tmp_path / "broken.json.gz").write_bytes(b"not gzip")
+    docs = serve_bench.load_results(tmp_path)
+    assert sorted(d["label"] for d in docs) == ["bullet", "chunked"]
+    serve_bench.rebuild_report(tmp_path, plots=False)
+    assert "| chunked | sharegpt | 1 | 0 | 4/4" in (tmp_path / "summary.md").read_text()
+
+
 def test_rates_parsing():
     from bullet_trt.bench.serve_bench import parse_rates
     assert parse_rates("1, 2,4.5") == [1.0, 2.0, 4.5]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import gzip
 import json
 import math
 import os
@@ -128,11 +129,15 @@ def write_result(out_dir: Path, *, label: str, dataset: str, rate: float, seed: 
 
 
 def load_results(out_dir: Path) -> list[dict]:
+    """Every result JSON in ``out_dir``, plain or gzipped (``.json.gz``: kept results, whose
+    per-request arrays --compare needs, take a quarter of the space)."""
     docs = []
-    for path in sorted(Path(out_dir).glob("*.json")):
+    paths = sorted([*Path(out_dir).glob("*.json"), *Path(out_dir).glob("*.json.gz")])
+    for path in paths:
         try:
-            doc = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+            doc = json.loads(raw)
+        except (OSError, EOFError, gzip.BadGzipFile, json.JSONDecodeError, UnicodeDecodeError):
             continue
         if isinstance(doc, dict) and doc.get("kind") == RESULT_KIND:
             doc["_path"] = str(path)
@@ -271,7 +276,7 @@ def rebuild_report(out_dir: Path, ttft_slo_ms: float | None = None, tpot_slo_ms:
     out_dir = Path(out_dir)
     docs = load_results(out_dir)
     if not docs:
-        raise SystemExit(f"no benchmark results (*.json of kind {RESULT_KIND}) in {out_dir}")
+        raise SystemExit(f"no benchmark results (*.json or *.json.gz of kind {RESULT_KIND}) in {out_dir}")
     md = out_dir / "summary.md"
     md.write_text(markdown_table(docs, ttft_slo_ms, tpot_slo_ms))
     pngs = plot_results(docs, out_dir, ttft_slo_ms, tpot_slo_ms) if plots else []
