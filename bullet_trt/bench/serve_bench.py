@@ -137,7 +137,7 @@ def load_results(out_dir: Path) -> list[dict]:
         try:
             raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
             doc = json.loads(raw)
-        except (OSError, EOFError, gzip.BadGzipFile, json.JSONDecodeError, UnicodeDecodeError):
+        except (OSError, EOFError, ValueError):  # unreadable, truncated or not JSON: not a result
             continue
         if isinstance(doc, dict) and doc.get("kind") == RESULT_KIND:
             doc["_path"] = str(path)
