@@ -162,14 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", help="preset for --dummy-weights: llama-3.1-8b, qwen3-8b, llama-3.1-70b")
     ap.add_argument("--profile", action="store_true",
                     help="measure the engine on this GPU and write the calibrated performance model")
+    ap.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="with --profile: engine configuration the server will run with (as its --set), "
+                         "e.g. decode.max_num_seqs=1024, whose decode profile bounds the batches measured")
     args = ap.parse_args(argv)
     if args.profile:
         from bullet_trt.scheduler.calibrate import calibrate_engine_dir
         target = args.out or DEFAULT_ENGINE_DIR
         if args.dummy_weights or args.checkpoint:
             raise SystemExit("--profile calibrates an existing engine directory (--out); build it first")
-        calibrate_engine_dir(target)
+        from bullet_trt.cli import parse_sets
+        calibrate_engine_dir(target, overrides=parse_sets(args.set))
         return 0
+    if args.set:
+        raise SystemExit("--set applies to --profile only; a server takes its overrides itself")
     if args.dummy_weights:
         if not args.arch:
             raise SystemExit("--dummy-weights needs --arch (one of llama-3.1-8b, qwen3-8b, llama-3.1-70b)")

@@ -4,6 +4,9 @@
 # streaming per mode, then the table and plots (bullet-trt bench serve --start-server).
 # tritonserver and tritonclient come from archives in .whl/ (for GPU machines without registry access), numpy 1.26 for the stub.
 # Usage: OUT=<dir> RATES=6,12,18 NUM=120 DATASET=sharegpt bash scripts/gpu_serve_bench.sh
+# CALIBRATE="--set k=v ...": calibrate the engine first with the decode profile the server
+# runs (build_engines.py --profile), use that model and copy it and its points to $OUT;
+# otherwise the calibration kept in docs/data is used.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/bullet-gpu}
@@ -14,7 +17,12 @@ mps_env=$(timeout 30 bash scripts/start_mps.sh) && eval "$mps_env" || { echo "MP
 trap 'KILL_MPS_TIMEOUT=10 timeout 15 bash scripts/kill_mps.sh >/dev/null' EXIT
 engine=${ENGINE:-/tmp/engines/llama-3.1-8b}
 [ -f "$engine/engine.yaml" ] || python3 build_engines.py --dummy-weights --arch llama-3.1-8b --out "$engine" --max-model-len 4096
-cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$engine/perf_model.yaml"
+if [ -n "${CALIBRATE:-}" ]; then
+  timeout 400 python3 build_engines.py --profile --out "$engine" $CALIBRATE 2>&1 | tail -3 || exit 1
+  cp "$engine/perf_model.yaml" "$engine/perf_profile.json" "$out/"
+else
+  cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$engine/perf_model.yaml"
+fi
 /tmp/venv/bin/python -m bullet_trt.bench.serve_bench --start-server --engine-dir "$engine" \
   --modes ${MODES:-chunked,bullet,static} --set serve.static_prefill_sms=${STATIC_SMS:-64} \
   --dataset ${DATASET:-sharegpt} --rates ${RATES:-12,18,24,30} ${LOAD:---duration 12} \

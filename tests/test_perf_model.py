@@ -64,7 +64,7 @@ def test_online_correction_tracks_a_slower_gpu(tmp_path):
 
 def test_each_sm_count_learns_its_own_correction():
     """Decode beside a prefill on 36 SMs runs 2.5x the roofline while full-GPU steps match it:
-    each count converges to its own factor, and a count never run on uses the phase-wide one."""
+    each count converges to its own factor, and a count never run on uses the nearest one's."""
     m = PerfModel(COST, TRUE)
     for _ in range(60):
         m.observe("decode", m.decode_ms(8, 8 * 2048, 132), m._decode_raw(8, 8 * 2048, 132), 132)
@@ -72,5 +72,37 @@ def test_each_sm_count_learns_its_own_correction():
     assert m.factor("decode", 132) == pytest.approx(1.0, rel=0.01)
     assert m.factor("decode", 36) == pytest.approx(2.5, rel=0.01)
     assert m.decode_ms(8, 8 * 2048, 36) == pytest.approx(2.5 * m._decode_raw(8, 8 * 2048, 36), rel=0.01)
-    assert 1.0 < m.factor("decode", 64) == m.correction["decode"] < 2.5
+    assert m.factor("decode", 64) == m.factor("decode", 36)
+    assert m.factor("decode", 100) == m.factor("decode", 132)
+    assert 1.0 < m.correction["decode"] < 2.5
     assert m.factor("prefill", 36) == 1.0
+
+
+def test_a_stale_correction_gives_way_to_a_fresh_neighbour():
+    """A correction learned under another load must not veto its SM count for good: once the
+    count has gone unobserved for `stale_after` observations, the nearest fresh count's
+    correction stands in, and the next observation there starts from that one."""
+    m = PerfModel(COST, TRUE, stale_after=50)
+    shape = (512, 512 * 500)
+    for _ in range(40):
+        m.observe("decode", m.decode_ms(*shape, 92), 3.2 * m._decode_raw(*shape, 92), 92)
+    for _ in range(49):
+        m.observe("decode", m.decode_ms(*shape, 108), 1.3 * m._decode_raw(*shape, 108), 108)
+    assert m.factor("decode", 92) == pytest.approx(3.2, rel=0.01)  # still fresh
+    for _ in range(2):
+        m.observe("decode", m.decode_ms(*shape, 108), 1.3 * m._decode_raw(*shape, 108), 108)
+    assert m.factor("decode", 92) == m.factor("decode", 108) == pytest.approx(1.3, rel=0.01)
+    m.observe("decode", m.decode_ms(*shape, 92), 1.4 * m._decode_raw(*shape, 92), 92)
+    assert m.factor("decode", 92) == pytest.approx(1.3 + 0.2 * (1.4 - 1.3), rel=0.01)
+
+
+def test_a_large_decode_batch_pays_for_its_gemms_and_its_attention():
+    """Compute-bound GEMMs and memory-bound attention run one after the other: the step is
+    their sum, not the larger of them."""
+    m = PerfModel(COST, TRUE)
+    rows, ctx = 1024, 500
+    gemm_ms = COST.flops_per_token * rows / TRUE.compute(132)
+    attention_ms = COST.kv_bytes_per_token * rows * ctx / TRUE.bandwidth(132)
+    assert gemm_ms > COST.weight_bytes / TRUE.bandwidth(132)  # the GEMMs are compute-bound
+    assert m.decode_ms(rows, rows * ctx, 132) == pytest.approx(
+        gemm_ms + attention_ms + TRUE.decode_overhead_ms, rel=1e-6)

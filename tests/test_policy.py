@@ -68,6 +68,33 @@ def test_ttft_at_risk_prefill_takes_what_decode_can_spare():
     assert d.predicted_decode_ms <= SLO.tpot_ms
 
 
+def test_stale_corrections_stop_pinning_prefill_to_its_smallest_share():
+    """The trap seen at 60 req/s: decode on 84-100 SMs once ran 3.2x its roofline (beside
+    small batches), on 108 it runs 1.3x now. While the old corrections hold, no split beyond
+    24 prefill SMs meets TPOT, and the late queue gets 24; once they have gone stale, the
+    fresh correction of 108 stands in, and prefill gets what decode can really spare."""
+    model = PerfModel(COST, TRUE, stale_after=100)
+    rows, ctx = 520, 500
+    for sms in (84, 92, 100):
+        for _ in range(20):
+            model.observe("decode", model.decode_ms(rows, rows * ctx, sms),
+                          3.2 * model._decode_raw(rows, rows * ctx, sms), sms)
+    late = state(decode_batch=rows, ctx=ctx, waiting=LATE)
+
+    def observe_108() -> None:
+        model.observe("decode", model.decode_ms(rows, rows * ctx, 108),
+                      1.3 * model._decode_raw(rows, rows * ctx, 108), 108)
+
+    for _ in range(40):
+        observe_108()
+    assert bullet_policy(late, SLO, model).prefill_sms == 24
+    for _ in range(100):
+        observe_108()
+    d = bullet_policy(late, SLO, model)
+    assert d.prefill_sms > 24
+    assert d.predicted_decode_ms <= SLO.tpot_ms * SLO.margin
+
+
 def test_tighter_tpot_gives_decode_more_sms():
     loose = bullet_policy(state(decode_batch=128, ctx=2048, waiting=LATE), SloConfig(1000, 60), MODEL)
     tight = bullet_policy(state(decode_batch=128, ctx=2048, waiting=LATE), SloConfig(1000, 25), MODEL)

@@ -23,7 +23,13 @@ from bullet_trt.scheduler.perf_model import (PERF_MODEL_FILE, ModelCost, Prefill
                                              fit, median_abs_pct_error)
 
 PREFILL_TOKENS = (128, 512, 1024, 2048, 4096)
-DECODE_SHAPES = ((1, 512), (8, 1024), (16, 4096), (32, 512), (32, 2048), (48, 1024), (64, 1024), (64, 3072))
+# (batch, context per sequence). Serving decodes up to the decode profile's max_num_seqs rows,
+# and past a few hundred rows the GEMMs turn compute-bound while attention stays bound by the
+# KV stream: the fit must see such steps, or it extrapolates from memory-bound ones (a model
+# fitted up to 64 rows predicted 1024-row steps at less than half their time). Shapes larger
+# than the profile or the pool are skipped.
+DECODE_SHAPES = ((1, 512), (8, 1024), (16, 4096), (32, 512), (32, 2048), (48, 1024), (64, 1024), (64, 3072),
+                 (128, 1024), (256, 512), (256, 1536), (512, 256), (512, 768), (1024, 256), (1024, 512))
 
 
 def time_ms(fn, stream, repeats: int = 3) -> float:
@@ -55,7 +61,7 @@ def profile_items(lengths: list[int], decode: bool, block_size: int) -> list[Bat
 
 
 def measure(session: TorchSession, streams: dict[int, torch.cuda.Stream], block_size: int,
-            max_len: int, pool_blocks: int) -> list[ProfilePoint]:
+            max_len: int, pool_blocks: int, max_batch: int) -> list[ProfilePoint]:
     points = []
     set_num_sms = getattr(session.model.ops, "set_num_sms", None)
     for sms, stream in sorted(streams.items()):
@@ -69,7 +75,7 @@ def measure(session: TorchSession, streams: dict[int, torch.cuda.Stream], block_
             shape = PrefillShape.of([tokens])
             points.append(ProfilePoint("prefill", sms, ms, num_tokens=tokens, attn_pairs=shape.attn_pairs))
         for batch, ctx in DECODE_SHAPES:
-            if ctx > max_len or batch * -(-ctx // block_size) > pool_blocks:
+            if batch > max_batch or ctx > max_len or batch * -(-ctx // block_size) > pool_blocks:
                 continue
             items = profile_items([ctx] * batch, True, block_size)
             ms = time_ms(lambda: session.run(items), stream)
@@ -103,11 +109,14 @@ def measurement_setup(engine_dir: str | Path, sm_counts, overrides: dict | None 
 
 
 def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (32, 64, 96),
-                         seed: int = 0) -> dict:
-    cfg, state, session, streams = measurement_setup(engine_dir, sm_counts)
+                         seed: int = 0, overrides: dict | None = None) -> dict:
+    """`overrides`: the engine configuration the server will run with (its decode profile
+    bounds the decode batches measured)."""
+    cfg, state, session, streams = measurement_setup(engine_dir, sm_counts, overrides)
     total = max(streams)
     print(f"calibrating on {torch.cuda.get_device_name()} ({total} SMs) at {sorted(streams)} SMs", flush=True)
-    points = measure(session, streams, state.block_size, cfg.max_model_len, state.num_blocks)
+    points = measure(session, streams, state.block_size, cfg.max_model_len, state.num_blocks,
+                     cfg.decode.max_num_seqs)
     rng = random.Random(seed)
     shuffled = points[:]
     rng.shuffle(shuffled)

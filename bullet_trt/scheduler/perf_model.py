@@ -1,22 +1,34 @@
 """Performance model: predicted prefill and decode-step latency on a share of the SMs.
 
-An SM-scaling roofline. A step moves B bytes and does F floating-point operations; on s SMs
-it takes max(F / compute(s), B / bandwidth(s)) plus a fixed launch overhead, where
+An SM-scaling roofline per kernel class. A step runs its dense layers (GEMMs over every token
+of the batch, one pass over the weights) and its attention (over each sequence's cached and
+new tokens) one after the other, so each part has its own bound and the step takes their sum:
+
+    step(s) = max(F_dense / compute(s), B_weights / bandwidth(s))
+            + max(F_attn / compute(s), B_kv / bandwidth(s)) + overhead
 
     compute(s)   = peak_tflops * s / total_sms              (GEMM rate scales with SMs)
     bandwidth(s) = bw_max * s * (total + k) / (total * (s + k))   (saturates: k = bw_knee_sms)
 
 so bandwidth(total) = bw_max and half of it needs far fewer than half of the SMs (DESIGN.md
-section 2: 64 of 132 SMs already reach ~90% of the copy bandwidth). The byte and FLOP counts
-come from the model shape; the five coefficients are fitted to measured points on the target
-GPU (``build_engines.py --profile``) and each phase carries an online correction factor that
-tracks measured/predicted iteration times while serving, one per SM count it ran on: a
-phase's partition runs beside the other phase (sharing memory bandwidth, L2 and the chip's
-power budget) and small partitions run some kernels in extra waves, neither of which the
-roofline sees. With one factor per phase, which the full-GPU steps dominate, decode steps
-beside a prefill ran a median 17% over their prediction on ShareGPT-like load (and 37% at
-the 90th percentile on Azure-code-like load); per SM count, 0% (docs/gpu-evidence.md). The
-phase-wide factor stands in for SM counts not yet observed.
+section 2: 64 of 132 SMs already reach ~90% of the copy bandwidth). A single max over the
+whole step's work (the first version of this model) is right while both parts are bound by
+the same resource, but a large decode batch has compute-bound GEMMs beside memory-bound
+attention: at 1024 rows of ~500-token contexts on an H200 the GEMMs need ~22 ms and reading
+the KV cache ~16 ms, the step took 47.5 ms, and the single max said ~22 ms
+(docs/gpu-evidence.md). The byte and FLOP counts come from the model shape; the five
+coefficients are fitted to steps measured on the target GPU (``build_engines.py
+--profile``), up to the decode profile's largest batch.
+
+Each phase also carries an online correction that tracks measured/predicted step times
+while serving, one per SM count it ran on: a partition runs beside the other phase (sharing
+memory bandwidth, L2 and the chip's power budget) and small partitions run some kernels in
+extra waves, neither of which the roofline sees. A count's correction holds only while it
+is fresh (observed within the last `stale_after` observations); otherwise the nearest count
+with a fresh one stands in, and the phase-wide one when there is none. Corrections learned
+under other loads must not veto a split forever: an SM count the policy never picks is
+never measured, so its old correction would never be replaced (at 60 req/s of
+ShareGPT-like load that pinned prefill to 24 SMs while the queue grew to 450 prompts).
 """
 from __future__ import annotations
 
@@ -80,32 +92,52 @@ class PrefillShape:
 
 
 class PerfModel:
-    def __init__(self, cost: ModelCost, coeffs: RooflineCoeffs, ewma: float = 0.2):
+    def __init__(self, cost: ModelCost, coeffs: RooflineCoeffs, ewma: float = 0.2, stale_after: int = 256):
         self.cost = cost
         self.coeffs = coeffs
         # fused: a decode step that also prefills whole prompts (one pass over the weights)
         self.correction = {"prefill": 1.0, "decode": 1.0, "fused": 1.0}
         self.split_correction: dict[tuple[str, int], float] = {}
+        self.last_seen: dict[tuple[str, int], int] = {}  # observation count at the last update
+        self.observations = 0
         self.ewma = ewma
+        self.stale_after = stale_after
+
+    def _fresh(self, key: tuple[str, int]) -> bool:
+        return self.observations - self.last_seen.get(key, -(1 << 62)) <= self.stale_after
 
     def factor(self, phase: str, sms: int) -> float:
-        return self.split_correction.get((phase, sms), self.correction[phase])
+        """The correction for `phase` on `sms` SMs: its own while fresh, else the nearest SM
+        count's that is (the larger on a tie), else the phase-wide one."""
+        if self._fresh((phase, sms)) and (phase, sms) in self.split_correction:
+            return self.split_correction[(phase, sms)]
+        fresh = [s for (p, s) in self.split_correction if p == phase and self._fresh((p, s))]
+        if not fresh:
+            return self.correction[phase]
+        nearest = min(fresh, key=lambda s: (abs(s - sms), -s))
+        return self.split_correction[(phase, nearest)]
 
     # -- raw roofline ------------------------------------------------------------------------
-    def _prefill_raw(self, shape: PrefillShape, sms: int) -> float:
+    def _step_raw(self, dense_tokens: float, attn_pairs: float, kv_tokens: float, sms: int) -> float:
+        """Dense layers over `dense_tokens` plus attention over `attn_pairs` (query, key)
+        pairs that reads or writes `kv_tokens` tokens of K/V, overhead excluded."""
         c, k = self.cost, self.coeffs
-        flops = c.flops_per_token * shape.num_tokens + c.attn_flops_per_pair * shape.attn_pairs
-        moved = c.weight_bytes + c.kv_bytes_per_token * shape.num_tokens
-        return max(flops / k.compute(sms), moved / k.bandwidth(sms)) + k.prefill_overhead_ms
+        compute, bandwidth = k.compute(sms), k.bandwidth(sms)
+        dense = max(c.flops_per_token * dense_tokens / compute, c.weight_bytes / bandwidth)
+        attention = max(c.attn_flops_per_pair * attn_pairs / compute, c.kv_bytes_per_token * kv_tokens / bandwidth)
+        return dense + attention
+
+    def _prefill_raw(self, shape: PrefillShape, sms: int) -> float:
+        return (self._step_raw(shape.num_tokens, shape.attn_pairs, shape.num_tokens, sms)
+                + self.coeffs.prefill_overhead_ms)
 
     def _decode_raw(self, batch: int, total_ctx: int, sms: int, prompts: PrefillShape | None = None) -> float:
-        c, k = self.cost, self.coeffs
-        flops = c.flops_per_token * batch + c.attn_flops_per_pair * total_ctx
-        moved = c.weight_bytes + c.kv_bytes_per_token * total_ctx
+        tokens, pairs, kv = float(batch), float(total_ctx), float(total_ctx)
         if prompts is not None:
-            flops += c.flops_per_token * prompts.num_tokens + c.attn_flops_per_pair * prompts.attn_pairs
-            moved += c.kv_bytes_per_token * prompts.num_tokens
-        return max(flops / k.compute(sms), moved / k.bandwidth(sms)) + k.decode_overhead_ms
+            tokens += prompts.num_tokens
+            pairs += prompts.attn_pairs
+            kv += prompts.num_tokens
+        return self._step_raw(tokens, pairs, kv, sms) + self.coeffs.decode_overhead_ms
 
     def decode_gemms_compute_bound(self, batch: int, sms: int) -> bool:
         """Whether a decode step of `batch` rows on `sms` SMs is limited by math rather than
@@ -128,17 +160,18 @@ class PerfModel:
 
     def observe(self, phase: str, predicted_ms: float, measured_ms: float, sms: int | None = None) -> None:
         """Moves the phase's corrections toward measured/roofline: the phase-wide one and, given
-        the SM count it ran on, that count's (which starts from the phase-wide one).
+        the SM count it ran on, that count's (which starts from the one its prediction used).
         `predicted_ms` is this model's prediction for the run, correction included."""
         if predicted_ms <= 0 or measured_ms <= 0:
             return
         used = self.correction[phase] if sms is None else self.factor(phase, sms)
         ratio = measured_ms / (predicted_ms / used)
         ratio = min(max(ratio, 0.1), 10.0)  # one outlier (a page fault, a GC) must not swing it
+        self.observations += 1
         if sms is not None:
             key = (phase, sms)
-            current = self.split_correction.get(key, self.correction[phase])
-            self.split_correction[key] = current + self.ewma * (ratio - current)
+            self.split_correction[key] = used + self.ewma * (ratio - used)
+            self.last_seen[key] = self.observations
         self.correction[phase] += self.ewma * (ratio - self.correction[phase])
 
     # -- persistence -------------------------------------------------------------------------
@@ -179,39 +212,45 @@ def predict_point(model: PerfModel, p: ProfilePoint) -> float:
 
 def fit(cost: ModelCost, total_sms: int, points: list[ProfilePoint], steps: int = 3000) -> PerfModel:
     """Least squares on log(predicted / measured) over the five coefficients (kept positive
-    through a log parametrisation); the max() of the roofline is smoothed during the fit so
-    gradients reach both terms."""
+    through a log parametrisation); each max() of the roofline is smoothed during the fit so
+    gradients reach both of its terms."""
     import torch
 
     start = PerfModel.default(cost, total_sms, on_gpu=total_sms > 1).coeffs
     names = ["peak_tflops", "bw_max_gbs", "bw_knee_sms", "prefill_overhead_ms", "decode_overhead_ms"]
     logs = torch.tensor([math.log(max(getattr(start, n), 1e-6)) for n in names], dtype=torch.float64,
                         requires_grad=True)
-    phase = torch.tensor([p.phase == "prefill" for p in points])
-    sms = torch.tensor([float(min(p.sms, total_sms)) for p in points], dtype=torch.float64)
-    tokens = torch.tensor([float(p.num_tokens if p.phase == "prefill" else p.batch) for p in points],
-                          dtype=torch.float64)
-    pairs = torch.tensor([p.attn_pairs if p.phase == "prefill" else float(p.total_ctx) for p in points],
-                         dtype=torch.float64)
-    kv_tokens = torch.tensor([float(p.num_tokens if p.phase == "prefill" else p.total_ctx) for p in points],
-                             dtype=torch.float64)
-    measured = torch.tensor([p.measured_ms for p in points], dtype=torch.float64)
-    flops = cost.flops_per_token * tokens + cost.attn_flops_per_pair * pairs
-    moved = cost.weight_bytes + cost.kv_bytes_per_token * kv_tokens
+
+    def column(values) -> torch.Tensor:
+        return torch.tensor([float(v) for v in values], dtype=torch.float64)
+
+    prefill = [p.phase == "prefill" for p in points]
+    phase = torch.tensor(prefill)
+    sms = column(min(p.sms, total_sms) for p in points)
+    tokens = column(p.num_tokens if pre else p.batch for p, pre in zip(points, prefill))
+    pairs = column(p.attn_pairs if pre else p.total_ctx for p, pre in zip(points, prefill))
+    kv_tokens = column(p.num_tokens if pre else p.total_ctx for p, pre in zip(points, prefill))
+    measured = column(p.measured_ms for p in points)
+    dense_flops = cost.flops_per_token * tokens
+    attn_flops = cost.attn_flops_per_pair * pairs
+    kv_bytes = cost.kv_bytes_per_token * kv_tokens
     t = float(total_sms)
 
-    def predict(lg):
+    def predict(lg, sharp: float) -> torch.Tensor:
         peak, bw, knee, o_pre, o_dec = lg.exp()
-        compute_ms = flops / (peak * 1e9 * sms / t)
-        memory_ms = moved / (bw * 1e6 * sms * (t + knee) / (t * (sms + knee)))
-        return compute_ms, memory_ms, torch.where(phase, o_pre, o_dec)
+        compute = peak * 1e9 * sms / t
+        bandwidth = bw * 1e6 * sms * (t + knee) / (t * (sms + knee))
+
+        def smooth_max(a, b):  # scaled by the measured time so `sharp` means the same everywhere
+            return torch.logsumexp(torch.stack([a, b]) * sharp / measured, dim=0) * measured / sharp
+
+        return (smooth_max(dense_flops / compute, cost.weight_bytes / bandwidth)
+                + smooth_max(attn_flops / compute, kv_bytes / bandwidth) + torch.where(phase, o_pre, o_dec))
 
     opt = torch.optim.Adam([logs], lr=0.05)
     for i in range(steps):
         sharp = 4.0 + 60.0 * i / steps  # smooth max -> hard max as the fit settles
-        c, m, o = predict(logs)
-        pred = torch.logsumexp(torch.stack([c, m]) * sharp / measured, dim=0) * measured / sharp + o
-        loss = ((pred.log() - measured.log()) ** 2).mean()
+        loss = ((predict(logs, sharp).log() - measured.log()) ** 2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
