@@ -14,9 +14,9 @@ so bandwidth(total) = bw_max and half of it needs far fewer than half of the SMs
 section 2: 64 of 132 SMs already reach ~90% of the copy bandwidth). A single max over the
 whole step's work (the first version of this model) is right while both parts are bound by
 the same resource, but a large decode batch has compute-bound GEMMs beside memory-bound
-attention: at 1024 rows of ~500-token contexts on an H200 the GEMMs need ~22 ms and reading
-the KV cache ~16 ms, the step took 47.5 ms, and the single max said ~22 ms
-(docs/gpu-evidence.md). The byte and FLOP counts come from the model shape; the five
+attention, and their times add: a step of 1024 rows of 512-token contexts on an H200 took
+39.7 ms, the single max fitted to the same calibration said 29.5 ms and the sum 39.8 ms
+(docs/gpu-evidence.md, seventh round). The byte and FLOP counts come from the model shape; the five
 coefficients are fitted to steps measured on the target GPU (``build_engines.py
 --profile``), up to the decode profile's largest batch.
 
