@@ -109,7 +109,7 @@ class PerfModel:
     def factor(self, phase: str, sms: int) -> float:
         """The correction for `phase` on `sms` SMs: its own while fresh, else the nearest SM
         count's that is (the larger on a tie), else the phase-wide one."""
-        if self._fresh((phase, sms)) and (phase, sms) in self.split_correction:
+        if self._fresh((phase, sms)):  # fresh implies observed: both maps are set together
             return self.split_correction[(phase, sms)]
         fresh = [s for (p, s) in self.split_correction if p == phase and self._fresh((p, s))]
         if not fresh:
