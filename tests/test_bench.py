@@ -296,6 +296,71 @@ def test_compare_reads_gzipped_results_beside_plain_ones(tmp_path):
     assert "| chunked | sharegpt | 1 | 0 | 4/4" in (tmp_path / "summary.md").read_text()
 
 
+def test_gpu_telemetry_summary_covers_the_arrival_window_only():
+    from bullet_trt.sm.gpu_monitor import summarize_telemetry
+    arriving = [{"t": float(i), "sm_clock_mhz": 1500 + 10 * i, "power_w": 600.0 + i,
+                 "power_capped": i % 2 == 0} for i in range(11)]
+    drain = [{"t": 20.0, "sm_clock_mhz": 1980, "power_w": 200.0, "power_capped": False}]
+    t = summarize_telemetry(arriving + drain, until_s=10.0)
+    assert t["samples"] == 11
+    assert t["sm_clock_mhz"] == {"p10": 1510.0, "p50": 1550.0, "p90": 1590.0}
+    assert t["power_w"]["p50"] == 605.0
+    assert t["power_capped_fraction"] == round(6 / 11, 3)
+    assert t["gpu_sm_util_pct"] is None  # a counter the driver never gave
+    assert summarize_telemetry(arriving + drain)["samples"] == 12
+
+
+def test_gpu_telemetry_leaves_out_what_nvml_refuses():
+    from bullet_trt.sm.gpu_monitor import read_sample
+
+    class Utilization:
+        gpu, memory = 97, 41
+
+    class PartialNvml:  # a driver that exposes utilization and clocks but neither power nor reasons
+        NVML_CLOCK_SM = 1
+
+        def nvmlDeviceGetUtilizationRates(self, handle):
+            return Utilization()
+
+        def nvmlDeviceGetClockInfo(self, handle, which):
+            assert which == 1
+            return 1755
+
+        def nvmlDeviceGetPowerUsage(self, handle):
+            raise RuntimeError("not supported")
+
+    assert read_sample(PartialNvml(), object()) == {"gpu_sm_util_pct": 97, "gpu_mem_util_pct": 41,
+                                                    "sm_clock_mhz": 1755}
+
+
+def test_gpu_telemetry_device_choice_and_absence():
+    import types
+    from bullet_trt.bench.serve_bench import format_row, telemetry_device, telemetry_fields
+    from bullet_trt.sm.gpu_monitor import GpuMonitor, TelemetrySampler
+    args = types.SimpleNamespace(gpu_telemetry="auto")
+    assert telemetry_device(args, "localhost:8001") == 0
+    assert telemetry_device(args, "gpu-box.example:8001") is None
+    args.gpu_telemetry = "3"
+    assert telemetry_device(args, "gpu-box.example:8001") == 3
+    args.gpu_telemetry = "off"
+    assert telemetry_device(args, "localhost:8001") is None
+    args.gpu_telemetry = "fast"
+    with pytest.raises(SystemExit, match="--gpu-telemetry"):
+        telemetry_device(args, "localhost:8001")
+    # No device: nothing sampled, nothing written, no clause in the printed row.
+    sampler = TelemetrySampler(None).start()
+    assert sampler.stop() == [] and not sampler.available and telemetry_fields(sampler, 10.0) == {}
+    assert GpuMonitor(None).sample() == {}
+    s = {"completed": 1, "num_requests": 1, "request_throughput": 1.0, "output_token_throughput": 2.0,
+         "ttft_s": {"p50": 0.1, "p99": 0.2}, "tpot_s": {"p50": 0.01, "p99": 0.02},
+         "slo_attainment": 1.0, "goodput": 1.0}
+    doc = {"label": "bullet", "dataset": "sharegpt", "rate": 4, "summary": s}
+    assert "SM clock" not in format_row(doc)
+    doc["gpu_telemetry"] = {"summary": {"sm_clock_mhz": {"p50": 1620.0}, "power_w": {"p50": 688.0},
+                                        "power_capped_fraction": 0.75}}
+    assert format_row(doc).endswith("SM clock p50 1620 MHz, power p50 688 W, power-capped 75% of samples")
+
+
 def test_rates_parsing():
     from bullet_trt.bench.serve_bench import parse_rates
     assert parse_rates("1, 2,4.5") == [1.0, 2.0, 4.5]

@@ -34,7 +34,9 @@ from bullet_trt.bench.loadgen import Progress
 from bullet_trt.bench.metrics import RequestRecord
 from bullet_trt.bench.serve_bench import (DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS, ProgressPrinter,
                                           add_workload_args, dataset_name, format_row, rebuild_report,
-                                          warmup_requests, workloads_from_args, write_result)
+                                          telemetry_fields, warmup_requests, workloads_from_args,
+                                          write_result)
+from bullet_trt.sm.gpu_monitor import TelemetrySampler
 
 
 # -- model --------------------------------------------------------------------------------------
@@ -340,14 +342,19 @@ def main(argv: list[str] | None = None) -> int:
         for w in workloads:
             printer = ProgressPrinter(f"[{args.label} {dataset_name(w.dataset)} {w.rate:g} req/s]",
                                       enabled=not args.no_progress)
-            records, stopped = runner.run(w.requests, on_progress=printer,
-                                          timeout_s=args.timeout_s or (w.duration_s + args.drain_timeout_s + 60),
-                                          drain_timeout_s=args.drain_timeout_s)
+            sampler = TelemetrySampler((model.device.index or 0) if model.device.type == "cuda" else None).start()
+            try:
+                records, stopped = runner.run(w.requests, on_progress=printer,
+                                              timeout_s=args.timeout_s or (w.duration_s + args.drain_timeout_s + 60),
+                                              drain_timeout_s=args.drain_timeout_s)
+            finally:
+                sampler.stop()
             printer.done()
             _, doc = write_result(
                 out_dir, label=args.label, dataset=w.dataset, rate=w.rate, seed=w.seed,
                 backend="transformers-continuous-batching", records=records, workload=w,
-                ttft_slo_ms=ttft_slo, tpot_slo_ms=tpot_slo, extra={"peer": info},
+                ttft_slo_ms=ttft_slo, tpot_slo_ms=tpot_slo,
+                extra={"peer": info, **telemetry_fields(sampler, w.duration_s)},
                 notes=[runner.timing_note], stopped_early=stopped, token_times=args.token_times)
             print(format_row(doc), flush=True)
             rebuild_report(out_dir, plots=not args.no_plots)

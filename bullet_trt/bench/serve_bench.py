@@ -43,6 +43,7 @@ from bullet_trt.cli import parse_sets
 from bullet_trt.bench import capacity
 from bullet_trt.bench import datasets as ds
 from bullet_trt.bench.metrics import RequestRecord, cdf, slo_attainment, summarize
+from bullet_trt.sm.gpu_monitor import TelemetrySampler, summarize_telemetry
 
 RESULT_KIND = "bullet_trt.serve_bench"
 DEFAULT_TTFT_SLO_MS = 1000.0
@@ -290,7 +291,19 @@ def format_row(doc: dict) -> str:
             f"{s['request_throughput']:.2f} req/s, {s['output_token_throughput']:.1f} out tok/s, "
             f"TTFT p50 {_ms(s['ttft_s']['p50'])} ms p99 {_ms(s['ttft_s']['p99'])} ms, "
             f"TPOT p50 {_ms(s['tpot_s']['p50'])} ms p99 {_ms(s['tpot_s']['p99'])} ms, "
-            f"SLO attainment {s['slo_attainment'] * 100:.1f}%, goodput {s['goodput']:.2f} req/s")
+            f"SLO attainment {s['slo_attainment'] * 100:.1f}%, goodput {s['goodput']:.2f} req/s"
+            + _telemetry_text(doc))
+
+
+def _telemetry_text(doc: dict) -> str:
+    t = (doc.get("gpu_telemetry") or {}).get("summary") or {}
+    clock, power = t.get("sm_clock_mhz"), t.get("power_w")
+    if not clock or not power:
+        return ""
+    capped = t.get("power_capped_fraction")
+    capped_text = f", power-capped {capped * 100:.0f}% of samples" if capped is not None else ""
+    return (f"; while arriving: SM clock p50 {clock['p50']:.0f} MHz, power p50 {power['p50']:.0f} W"
+            + capped_text)
 
 
 # -- workloads shared with the transformers peer -------------------------------------------------
@@ -481,6 +494,31 @@ def warm_up(url: str, model: str, requests: list[ds.BenchRequest]) -> None:
         raise SystemExit(f"warm-up requests to {url} (model {model}) failed: {bad[0]}")
 
 
+def telemetry_device(args, url: str) -> int | None:
+    """Which GPU to sample during the runs: --gpu-telemetry's index, or with ``auto`` device 0
+    when the server is on this host (its GPU is then visible here); None for ``off``."""
+    choice = str(getattr(args, "gpu_telemetry", "off")).strip().lower()
+    if choice == "off":
+        return None
+    if choice == "auto":
+        host = url.rsplit(":", 1)[0].strip("[]").lower()
+        return 0 if host in ("localhost", "127.0.0.1", "::1") else None
+    try:
+        return int(choice)
+    except ValueError:
+        raise SystemExit(f"--gpu-telemetry must be auto, off or a GPU index, got {choice!r}") from None
+
+
+def telemetry_fields(sampler: TelemetrySampler, arrivals_s: float | None) -> dict:
+    """The result JSON's ``gpu_telemetry`` (summarized over the arrival window), or nothing
+    when the sampler had no GPU."""
+    if not sampler.available:
+        return {}
+    return {"gpu_telemetry": {"device_index": sampler.device_index, "interval_s": sampler.interval_s,
+                              "summary": summarize_telemetry(sampler.samples, arrivals_s),
+                              "samples": sampler.samples}}
+
+
 def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir: Path) -> list[dict]:
     from bullet_trt.bench.loadgen import LoadGenerator, LoadGenOptions
 
@@ -497,8 +535,13 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
                               timeout_s=args.timeout_s or (w.duration_s + args.drain_timeout_s + 60))
         printer = ProgressPrinter(f"[{label} {dataset_name(w.dataset)} {rate_text}]", enabled=not args.no_progress)
         gen = LoadGenerator(url, opts, on_progress=printer)
-        result = gen.run(w.requests)
+        sampler = TelemetrySampler(telemetry_device(args, url)).start()
+        try:
+            result = gen.run(w.requests)
+        finally:
+            sampler.stop()
         printer.done()
+        telemetry = telemetry_fields(sampler, w.duration_s)
         notes = list(result.notes) + ([args._note] if getattr(args, "_note", "") else [])
         path, doc = write_result(
             out_dir, label=label, dataset=w.dataset, rate=w.rate, seed=w.seed, backend="triton-grpc-stream",
@@ -506,7 +549,7 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
             extra={"url": url, "model": args.model, "engine_dir": args.engine_dir,
                    "overrides": getattr(args, "_overrides", {}),
                    "client": {"streams": args.streams, "temperature": args.temperature,
-                              "fixed_output": not args.allow_eos}},
+                              "fixed_output": not args.allow_eos}, **telemetry},
             notes=notes, stopped_early=result.stopped_early, token_times=args.token_times)
         print(format_row(doc), flush=True)
         docs.append(doc)
@@ -539,6 +582,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--timeout-s", type=float, default=0.0,
                    help="bound on one run (default: last arrival + drain timeout + 60 s)")
     c.add_argument("--no-plots", action="store_true", help="write JSON and summary.md only")
+    c.add_argument("--gpu-telemetry", default="auto", metavar="auto|off|INDEX",
+                   help="sample this GPU's SM clock, power and utilization through NVML every 0.25 s of a run "
+                        "into its JSON (default auto: GPU 0 when the server runs on this host)")
     s = ap.add_argument_group("server")
     s.add_argument("--start-server", action="store_true",
                    help="start tritonserver (--engine-dir, default engines/default) once per --modes entry")
