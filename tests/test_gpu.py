@@ -137,3 +137,31 @@ def test_decode_cuda_graphs_match_eager(checkpoints, tmp_path):
         assert llm.engine.executor.session.graphs is None
         eager = [c.token_ids for c in llm.generate_token_ids(prompts, params)]
     assert graphed == eager
+
+
+def test_the_kv_pool_keeps_the_engine_within_its_memory_fraction(tmp_path):
+    """The engine process (weights + pool) holds no more than kv.gpu_memory_fraction of the
+    device: the space beyond it belongs to the workers' activations and graphs. Llama-3.1-8B
+    shapes, whose fused-group layout frees ~9 GB of separately placed q/k/v and gate/up
+    tensors before the pool is sized."""
+    from build_engines import build_dummy_engine
+    from bullet_trt.config import load_engine_config
+    from bullet_trt.engine.shared_state import build_shared_state
+    engine = build_dummy_engine("llama-3.1-8b", tmp_path / "e", 4096, seed=0)
+    fraction = 0.5
+    cfg = load_engine_config(engine, {"kv.gpu_memory_fraction": fraction})
+    free_before, total = torch.cuda.mem_get_info()
+    torch.cuda.empty_cache()
+    state, model = build_shared_state(cfg, share=False)
+    try:
+        free, _ = torch.cuda.mem_get_info()
+        held_by_this_test = free_before - free  # weights, pool, any cache kept beside them
+        others = total - free_before
+        idle = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        # Before the fix the idle cache was 7.2 GiB on an H200; what is left is rounding.
+        assert idle < 2**30, f"{idle / 2**30:.2f} GiB of idle cache held beside the pool"
+        assert others + held_by_this_test <= fraction * total + 2**30, (
+            f"{(others + held_by_this_test) / 2**30:.1f} GiB in use, budget {fraction * total / 2**30:.1f} GiB")
+    finally:
+        del state, model
+        torch.cuda.empty_cache()

@@ -209,3 +209,33 @@ def test_abort_of_a_decoding_row_frees_its_blocks_in_spatial_mode(llama_engine):
                     reasons[out.request_id] = out.finish_reason
         assert reasons == {"r0": "length", "r1": "abort", "r2": "length"}
         assert core.stats().kv_blocks_free == core.stats().kv_blocks_total
+
+
+def test_a_failed_prefill_batch_ends_its_requests_and_the_engine_serves_on(llama_engine):
+    """A prefill batch that raises in the worker (on a GPU: out of memory under a burst) ends
+    its own requests with an error that says so and frees their blocks; the worker and the
+    engine go on. The failure here is real: a token id past the vocabulary, planted after
+    the engine validated the request, makes the worker's embedding lookup raise."""
+    from bullet_trt.engine.request import NewRequest
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    with LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet"}) as llm:
+        core = llm.engine
+        vocab = core.state.arch.vocab_size
+        bad, good = prompts(2, seed=3)
+        core.add_request(NewRequest("bad", bad, params))
+        core.seqs["bad"].prompt_token_ids[0] = vocab + 7
+        finished = {}
+        while core.has_unfinished():
+            for out in core.step():
+                if out.finished:
+                    finished[out.request_id] = out
+        assert finished["bad"].finish_reason == "error"
+        assert "prefill failed" in finished["bad"].error and "IndexError" in finished["bad"].error
+        assert core.stats().kv_blocks_free == core.stats().kv_blocks_total
+        core.add_request(NewRequest("good", good, params))
+        while core.has_unfinished():
+            for out in core.step():
+                if out.finished:
+                    finished[out.request_id] = out
+        assert finished["good"].finish_reason == "length" and finished["good"].num_output_tokens == 6
+        assert core.stats().kv_blocks_free == core.stats().kv_blocks_total

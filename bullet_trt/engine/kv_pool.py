@@ -42,10 +42,13 @@ def size_pool(arch: ModelArch, block_size: int, dtype: torch.dtype, device: torc
         count = num_blocks
         budget_hint = "kv.num_blocks"
     elif device.type == "cuda":
+        # The allocator's idle cache goes back to the driver first: the pool is one large
+        # allocation that cannot reuse those scattered blocks (the separate q/k/v and gate/up
+        # tensors freed when the fused groups were laid out), so counting the cache as free
+        # left it held beside the pool, gigabytes over the budget.
+        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(device)
-        # Memory this process cached but is not using is ours to reuse, not someone else's.
-        idle_cache = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        used = total - free - idle_cache
+        used = total - free
         count = int((total * gpu_memory_fraction - used) // per_block)
         budget_hint = f"kv.gpu_memory_fraction={gpu_memory_fraction}"
     else:

@@ -11,6 +11,7 @@ otherwise. Modes: `bullet` (dynamic split), `static` (one fixed split for both p
 from __future__ import annotations
 
 import json
+import sys
 import queue
 import time
 from dataclasses import dataclass, field
@@ -294,6 +295,9 @@ class SpatialEngineCore(EngineCore):
             block = False
             received = time.monotonic()
             if kind == "error":
+                if name == "prefill" and "prefill" in self.inflight:
+                    outputs += self._prefill_failed(self.inflight.pop("prefill"), payload)
+                    continue
                 raise WorkerDied(f"{name} worker failed:\n{payload}")
             if kind == "left":
                 self._free_acknowledged(payload)
@@ -316,6 +320,27 @@ class SpatialEngineCore(EngineCore):
         outputs = self._prefilled(job, results)
         self._record("prefill", job["start"], job["end"], len(job["seqs"]), job["tokens"],
                      job["split"], job["predicted"], measured_ms)
+        return outputs
+
+    def _prefill_failed(self, job: dict, trace: str) -> list:
+        """A prefill batch that raised in the worker (out of GPU memory, say) ends its own
+        requests with the error and frees their blocks; the worker caught the error and takes
+        the next batch, and every other request goes on. Only a dead worker ends the engine."""
+        last = next((line for line in reversed(trace.strip().splitlines()) if line.strip()), "unknown error")
+        print(f"bullet-trt: a prefill batch of {len(job['seqs'])} requests failed in the prefill "
+              f"worker; they end with an error, the rest go on:\n{trace}", file=sys.stderr, flush=True)
+        outputs = []
+        for chunk in job["chunks"]:
+            seq = chunk.seq
+            if seq.status is not SeqStatus.RUNNING:
+                continue
+            self.seqs.pop(seq.request_id, None)
+            if seq.request_id in self._aborted:
+                self._aborted.remove(seq.request_id)
+            self._finish(seq, "error")
+            out = self._output(seq)
+            out.error = f"prefill failed on the engine's prefill worker: {last}"
+            outputs.append(out)
         return outputs
 
     def _prefilled(self, job: dict, results) -> list:
