@@ -34,6 +34,10 @@ class ProfileConfig:
 class KVCacheConfig:
     block_size: int = 16
     # 0 means: size the pool from memory (gpu_memory_fraction on GPU, cpu_pool_mib on CPU).
+    # On GPU the pool fills the device up to gpu_memory_fraction of its memory, counting all
+    # that is in use when it is sized (weights, other processes); the rest is the headroom of
+    # the workers, which start later (their contexts, decode graphs and prefill activations:
+    # ~14 GiB for an 8B model with 1024 decode slots on an H200).
     num_blocks: int = 0
     gpu_memory_fraction: float = 0.85
     cpu_pool_mib: int = 256
