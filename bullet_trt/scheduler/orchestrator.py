@@ -11,8 +11,8 @@ otherwise. Modes: `bullet` (dynamic split), `static` (one fixed split for both p
 from __future__ import annotations
 
 import json
-import sys
 import queue
+import sys
 import time
 from dataclasses import dataclass, field
 
