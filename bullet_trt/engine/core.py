@@ -171,16 +171,17 @@ class EngineCore:
                     self.seqs.pop(seq.request_id, None)
         return outputs
 
+    def _fail(self, seq: Sequence, message: str) -> RequestOutput:
+        """Ends one request with an error, freeing its blocks; returns its final output."""
+        self.seqs.pop(seq.request_id, None)
+        self._finish(seq, "error")
+        out = self._output(seq)
+        out.error = message
+        return out
+
     def fail_all(self, message: str) -> list[RequestOutput]:
         """Ends every request with an error (used when an executor dies)."""
-        outputs = []
-        for seq in list(self.seqs.values()):
-            self._finish(seq, "error")
-            out = self._output(seq)
-            out.error = message
-            outputs.append(out)
-        self.seqs.clear()
-        return outputs
+        return [self._fail(seq, message) for seq in list(self.seqs.values())]
 
     def close(self) -> None:
         if hasattr(self, "executor"):

@@ -334,13 +334,9 @@ class SpatialEngineCore(EngineCore):
             seq = chunk.seq
             if seq.status is not SeqStatus.RUNNING:
                 continue
-            self.seqs.pop(seq.request_id, None)
             if seq.request_id in self._aborted:
                 self._aborted.remove(seq.request_id)
-            self._finish(seq, "error")
-            out = self._output(seq)
-            out.error = f"prefill failed on the engine's prefill worker: {last}"
-            outputs.append(out)
+            outputs.append(self._fail(seq, f"prefill failed on the engine's prefill worker: {last}"))
         return outputs
 
     def _prefilled(self, job: dict, results) -> list:
