@@ -275,6 +275,82 @@ def test_engine_client_failure_errors_in_flight_requests(engine_cfg, first_token
         ec.shutdown()
 
 
+class _OverlapMetricFamily:
+    """A stand-in for pb_utils.MetricFamily whose metrics record how many calls were ever inside
+    the backend at once (the real backend corrupts its shared memory when two overlap)."""
+
+    COUNTER, GAUGE, HISTOGRAM = 0, 1, 2
+    inside = 0
+    most_inside = 0
+    calls = 0
+    guard = threading.Lock()
+    fail = False
+
+    def __init__(self, name, description, kind):
+        pass
+
+    def Metric(self, labels, buckets=None):  # noqa: N802 - the backend's name
+        return _OverlapMetric()
+
+
+class _OverlapMetric:
+    def _op(self, value):
+        fam = _OverlapMetricFamily
+        with fam.guard:
+            fam.inside += 1
+            fam.calls += 1
+            fam.most_inside = max(fam.most_inside, fam.inside)
+        time.sleep(0.0005)  # the IPC round trip to the server, without the GIL
+        with fam.guard:
+            fam.inside -= 1
+        if fam.fail:
+            raise RuntimeError("metric backend gone")
+
+    set = increment = observe = _op
+
+
+def test_metrics_never_overlap_backend_calls_and_never_raise():
+    """The reader thread (failing open requests), execute() (refusing new ones) and the stats
+    callback all count metrics at once when an engine dies under load."""
+    from types import SimpleNamespace
+
+    from bullet_trt.engine.request import EngineStats
+    from bullet_trt.triton.metrics import Metrics
+
+    fam = _OverlapMetricFamily
+    fam.inside = fam.most_inside = fam.calls = 0
+    fam.fail = False
+    m = Metrics(SimpleNamespace(MetricFamily=fam), {"model": "bullet", "version": "1"})
+    start = threading.Barrier(4)
+
+    def hammer(fn):
+        start.wait()
+        for i in range(60):
+            fn(i)
+
+    threads = [threading.Thread(target=hammer, args=(fn,)) for fn in (
+        lambda i: m.request_finished("error"),
+        lambda i: m.request_finished("error"),
+        lambda i: m.observe_ttft(0.01 * i),
+        lambda i: m.update_stats(EngineStats(num_running=i, kv_blocks_total=64, kv_blocks_free=64 - i,
+                                             tokens_generated=i)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert fam.calls > 200
+    assert fam.most_inside == 1
+    assert m.finished["error"] == 120
+
+    fam.fail = True  # a failing backend must not stop a request's final response
+    m.request_finished("stop")
+    m.observe_tpot(0.01)
+    m.close()
+    calls = fam.calls
+    m.request_finished("error")  # after close: counted here, never sent to the backend
+    assert fam.calls == calls and m.finished["error"] == 121
+
+
 # ---------------------------------------------------------------------------------------------
 # the running server
 # ---------------------------------------------------------------------------------------------
@@ -548,6 +624,26 @@ def test_engine_death_errors_in_flight_and_model_goes_not_ready(tmp_path_factory
         http.close()
     finally:
         srv.stop()
+
+
+def test_engine_death_under_arrivals_keeps_the_server_up(tmp_path):
+    """The engine dies while streams are open and new requests keep coming (the scenario of
+    scripts/engine_death_under_load.py, smaller). tritonserver 2.51 died of a segmentation fault
+    here: the reader thread failing the open streams and execute() refusing the arrivals both
+    counted a custom metric at once, which the Python backend does not survive."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "engine_death_under_load.py"
+    spec = importlib.util.spec_from_file_location("engine_death_under_load", path)
+    scenario = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = scenario  # its dataclasses look their module up there
+    spec.loader.exec_module(scenario)
+    report = scenario.run(streams=32, interval_ms=2, arrive_before_s=0.2, arrive_after_s=2.0, connections=2,
+                          log_file=tmp_path / "server.log", end_timeout_s=90, echo=lambda *a: None)
+    tail = "\n".join(report.log_file.read_text(errors="replace").splitlines()[-40:])
+    assert report.server_exit is None, f"{report.summary()}\n{tail}"
+    assert not report.problems(), f"{report.problems()}\n{report.summary()}\n{tail}"
+    assert report.in_flight["errors"] > 0 and report.arrivals["errors"] > 0  # both sides of the race ran
 
 
 MODE_PROMPTS = ["Spatial sharing of one GPU", "The decode phase reads every weight", "Ab"]

@@ -13,12 +13,25 @@
 
 Every series carries the labels model and version. Without Triton (unit tests, the offline
 API) `Metrics(None)` accepts the same calls and records nothing but its own counters.
+
+Every call into a Python-backend metric goes through one lock. The backend (tritonserver
+2.51, python_backend r24.10) is not safe to call on one metric from two threads:
+`increment` and `observe` release the GIL, then rewrite the metric's shared-memory record,
+freeing the one a concurrent call has just handed to the server. The server then reads freed
+shared memory and dies (SIGSEGV or std::bad_alloc in Metric::LoadFromSharedMemory). The reader
+thread failing every open request after an engine death and execute() refusing new arrivals
+both count `bullet_requests_finished_total{reason="error"}` at once, which is how an engine
+death under load took the server down. Metric calls also never raise: a request's final
+response is sent after its metrics are counted, and must not depend on them.
 """
 from __future__ import annotations
 
+import logging
 import threading
 
 from bullet_trt.engine.request import EngineStats
+
+log = logging.getLogger("bullet_trt.triton")
 
 TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0]
@@ -46,6 +59,8 @@ class _Null:
 class Metrics:
     def __init__(self, pb_utils=None, labels: dict[str, str] | None = None):
         self._lock = threading.Lock()
+        self._closed = False
+        self._warned = False
         self._families = []
         self._metrics = []
         self._last: dict[str, float] = {}
@@ -94,10 +109,21 @@ class Metrics:
         return family
 
     # -- updates (called from engine and frontend threads) ----------------------------------
+    def _call(self, metric, op: str, value: float) -> None:
+        """One backend metric call; the caller holds self._lock."""
+        if self._closed:
+            return
+        try:
+            getattr(metric, op)(value)
+        except Exception as e:
+            if not self._warned:
+                self._warned = True
+                log.warning("bullet: custom metric %s failed (%s); further failures are not logged", op, e)
+
     def _set(self, key: str, metric, value: float) -> None:
         if self._last.get(key) != value:
             self._last[key] = value
-            metric.set(value)
+            self._call(metric, "set", value)
 
     def update_stats(self, s: EngineStats) -> None:
         with self._lock:
@@ -108,10 +134,10 @@ class Metrics:
             self._set("prefill_sms", self.prefill_sms, getattr(s, "prefill_sms", 0))
             self._set("decode_sms", self.decode_sms, getattr(s, "decode_sms", 0))
             if s.tokens_generated > self._tokens:
-                self.tokens.increment(s.tokens_generated - self._tokens)
+                self._call(self.tokens, "increment", s.tokens_generated - self._tokens)
                 self._tokens = s.tokens_generated
             if s.num_preemptions > self._preemptions:
-                self.preemptions.increment(s.num_preemptions - self._preemptions)
+                self._call(self.preemptions, "increment", s.num_preemptions - self._preemptions)
                 self._preemptions = s.num_preemptions
 
     def set_ready(self, ready: bool) -> None:
@@ -119,18 +145,23 @@ class Metrics:
             self._set("ready", self.ready, 1.0 if ready else 0.0)
 
     def observe_ttft(self, seconds: float) -> None:
-        self.ttft.observe(max(seconds, 0.0))
+        with self._lock:
+            self._call(self.ttft, "observe", max(seconds, 0.0))
 
     def observe_tpot(self, seconds: float) -> None:
-        self.tpot.observe(max(seconds, 0.0))
+        with self._lock:
+            self._call(self.tpot, "observe", max(seconds, 0.0))
 
     def request_finished(self, reason: str | None) -> None:
         reason = reason if reason in self.finished_by else "error"
         with self._lock:
             self.finished[reason] += 1
-        self.finished_by[reason].increment(1)
+            self._call(self.finished_by[reason], "increment", 1)
 
     def close(self) -> None:
-        # Metrics must go before their families (the backend checks the order).
-        self._metrics.clear()
-        self._families.clear()
+        with self._lock:
+            # A thread still finishing requests must not reach a metric the backend has deleted.
+            self._closed = True
+            # Metrics must go before their families (the backend checks the order).
+            self._metrics.clear()
+            self._families.clear()

@@ -224,12 +224,15 @@ class TritonPythonModel:
         except (EngineUnavailable, ValueError) as e:
             with self._active_lock:
                 self._active.pop(rid, None)
-            self.metrics.request_finished("error" if isinstance(e, EngineUnavailable) else "rejected")
             code = "UNAVAILABLE" if isinstance(e, EngineUnavailable) else "INVALID_ARG"
             msg = f"engine is not ready: {e}" if isinstance(e, EngineUnavailable) else str(e)
             with state.lock:
+                # The engine's failure path may have ended it between registering and failing.
+                if state.done:
+                    return
                 state.done = True
                 self._send_error_final(sender, msg, code)
+            self.metrics.request_finished("error" if isinstance(e, EngineUnavailable) else "rejected")
 
     # -- engine outputs (reader thread) ---------------------------------------------------------
     def _on_output(self, st: _Active, out: RequestOutput) -> None:
