@@ -37,6 +37,8 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from bullet_trt.triton import process_tree  # noqa: E402
+
 
 class Group:
     """Requests over a few gRPC bidirectional streams (one client each).
@@ -175,36 +177,12 @@ CRASH_PATTERNS = re.compile(r"Segmentation fault|SIGSEGV|Signal \(11\)|Signal \(
                             r"Stub process .* is not healthy|terminate called", re.IGNORECASE)
 
 
-def _descendants(root: int) -> list[tuple[int, int, str]]:
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [root]
-    while todo:
-        parent = todo.pop()
-        for pid in children.get(parent, []):
-            try:
-                cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            out.append((pid, parent, cmd))
-            todo.append(pid)
-    return out
-
-
 def engine_pid(server_pid: int) -> int:
-    procs = _descendants(server_pid)
-    stubs = {pid for pid, _, cmd in procs if "triton_python_backend_stub" in cmd}
-    engines = [pid for pid, ppid, cmd in procs if "spawn_main" in cmd and ppid in stubs]
-    if not engines:
-        raise RuntimeError(f"no engine process under tritonserver {server_pid}: {procs}")
-    return engines[0]
+    pids = process_tree.engine_pids(server_pid)
+    if not pids:
+        raise RuntimeError(f"no engine process under tritonserver {server_pid}: "
+                           f"{process_tree.descendants(server_pid)}")
+    return pids[0]
 
 
 def _model_ready(url: str, model: str) -> bool | None:

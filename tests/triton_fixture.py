@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bullet_trt.triton import process_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300
 
@@ -103,34 +105,11 @@ class TritonServer:
 
     def descendants(self) -> list[tuple[int, int, str]]:
         """(pid, parent pid, command line) of every process below the server."""
-        children: dict[int, list[int]] = {}
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-        out, todo = [], [self.proc.pid]
-        while todo:
-            parent = todo.pop()
-            for pid in children.get(parent, []):
-                try:
-                    cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                except OSError:
-                    continue
-                out.append((pid, parent, cmd))
-                todo.append(pid)
-        return out
+        return process_tree.descendants(self.proc.pid)
 
     def engine_pids(self) -> list[int]:
         """The engine process (the stub's multiprocessing child) and any workers it started."""
-        procs = self.descendants()
-        stubs = {pid for pid, _, cmd in procs if "triton_python_backend_stub" in cmd}
-        engines = [pid for pid, ppid, cmd in procs if "spawn_main" in cmd and ppid in stubs]
-        workers = [pid for pid, ppid, cmd in procs if ppid in engines]
-        return engines + workers
+        return process_tree.engine_pids(self.proc.pid)
 
 
 def pid_alive(pid: int) -> bool:
