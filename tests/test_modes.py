@@ -239,3 +239,72 @@ def test_a_failed_prefill_batch_ends_its_requests_and_the_engine_serves_on(llama
                     finished[out.request_id] = out
         assert finished["good"].finish_reason == "length" and finished["good"].num_output_tokens == 6
         assert core.stats().kv_blocks_free == core.stats().kv_blocks_total
+
+
+def _drain(core, finished: dict) -> None:
+    while core.has_unfinished():
+        for out in core.step():
+            if out.finished:
+                finished[out.request_id] = out
+
+
+def test_a_failed_decode_step_ends_its_rows_and_the_engine_serves_on(llama_engine):
+    """A decode step that raises in the decode worker ends the requests of its rows with an
+    error that says so and frees their blocks (once the worker acknowledges the leave); the
+    worker keeps stepping and the engine serves later requests. The failure is real: the
+    row's input token is replaced, on its way to the worker, by an id past the vocabulary."""
+    from bullet_trt.engine.request import NewRequest
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    with LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet"}) as llm:
+        core = llm.engine
+        vocab = core.state.arch.vocab_size
+        join = core._join
+
+        def join_with_a_bad_token(seq):
+            join(seq)
+            if seq.request_id == "bad" and core.update.joins and core.update.joins[-1][0] == core.row_of.get("bad"):
+                core.update.joins[-1][1].input_token_ids = [vocab + 7]
+
+        core._join = join_with_a_bad_token
+        bad, good = prompts(2, seed=5)
+        core.add_request(NewRequest("bad", bad, params))
+        finished = {}
+        _drain(core, finished)
+        assert finished["bad"].finish_reason == "error"
+        assert "decode failed" in finished["bad"].error and "IndexError" in finished["bad"].error
+        assert finished["bad"].num_output_tokens == 1  # the prefill's token, then the failed step
+        assert core.stats().kv_blocks_free == core.stats().kv_blocks_total
+        core.add_request(NewRequest("good", good, params))
+        _drain(core, finished)
+        assert finished["good"].finish_reason == "length" and finished["good"].num_output_tokens == 6
+        assert core.stats().kv_blocks_free == core.stats().kv_blocks_total
+
+
+def test_chunked_steps_that_fail_end_their_requests_until_they_keep_failing(llama_engine):
+    """In `chunked` a hybrid step that raises ends the requests it carried and the engine
+    serves on; a success resets the count, and the third failure in a row ends the engine
+    (so the server reports not ready) instead of failing every request forever."""
+    from bullet_trt.engine.request import NewRequest
+    from bullet_trt.engine.step_failure import StepsKeepFailing
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    with LLM(str(llama_engine), executor="serve", **{"serve.mode": "chunked"}) as llm:
+        core = llm.engine
+        vocab = core.state.arch.vocab_size
+        batch = prompts(6, seed=9)
+        finished = {}
+
+        def add(rid, prompt, bad):
+            core.add_request(NewRequest(rid, prompt, params))
+            if bad:
+                core.seqs[rid].prompt_token_ids[0] = vocab + 7  # after validation
+
+        for i, bad in enumerate([True, True, False, True, True, True]):
+            add(f"r{i}", batch[i], bad)
+            if i == 5:
+                with pytest.raises(StepsKeepFailing, match="3 engine steps failed in a row"):
+                    _drain(core, finished)
+                break
+            _drain(core, finished)
+        assert [finished[f"r{i}"].finish_reason for i in range(5)] == ["error", "error", "length", "error", "error"]
+        assert finished["r2"].num_output_tokens == 4
+        assert "step failed in the engine" in finished["r0"].error and "IndexError" in finished["r0"].error

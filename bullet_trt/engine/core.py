@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import traceback
 
 from bullet_trt.config import EngineConfig
 from bullet_trt.engine.batch_scheduler import BatchScheduler, ScheduledChunk
@@ -19,6 +20,7 @@ from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput
 from bullet_trt.engine.sequence import SeqStatus, Sequence
 from bullet_trt.engine.session import BatchItem, SampleResult, TorchSession
 from bullet_trt.engine.shared_state import build_shared_state
+from bullet_trt.engine.step_failure import FailureStreak, last_line, report
 
 
 class EngineCore:
@@ -57,6 +59,7 @@ class EngineCore:
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[str] = []
         self.tokens_generated = 0
+        self.step_failures = FailureStreak("engine")
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: NewRequest) -> None:
@@ -159,7 +162,13 @@ class EngineCore:
             return outputs
         pre_items = [self._item(c) for c in plan.prefills]
         dec_items = [self._item(c) for c in plan.decodes]
-        pre_res, dec_res = self.executor.run(pre_items, dec_items)
+        try:
+            pre_res, dec_res = self.executor.run(pre_items, dec_items)
+        except Exception:
+            if not self.executor.recoverable():
+                raise
+            return outputs + self._step_failed(plan.prefills + plan.decodes, traceback.format_exc())
+        self.step_failures.succeeded()
         for chunk, res in list(zip(plan.prefills, pre_res)) + list(zip(plan.decodes, dec_res)):
             seq = chunk.seq
             seq.num_cached_tokens += chunk.num_new_tokens
@@ -178,6 +187,15 @@ class EngineCore:
         out = self._output(seq)
         out.error = message
         return out
+
+    def _step_failed(self, chunks: list[ScheduledChunk], trace: str) -> list[RequestOutput]:
+        """A step that raised with the device still sound ends the requests it carried, with
+        the error; the others and later arrivals are served (step_failure.py)."""
+        reason = last_line(trace)
+        self.step_failures.failed(reason)
+        report("hybrid", len(chunks), trace)
+        return [self._fail(c.seq, f"step failed in the engine: {reason}")
+                for c in chunks if c.seq.status is not SeqStatus.FINISHED]
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """Ends every request with an error (used when an executor dies)."""

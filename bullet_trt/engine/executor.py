@@ -9,12 +9,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from bullet_trt.engine.session import BatchItem, SampleResult
+from bullet_trt.engine.step_failure import device_usable
 
 
 class Executor(ABC):
     @abstractmethod
     def run(self, prefill: list[BatchItem], decode: list[BatchItem]) -> tuple[list, list]:
         """Runs one step; returns the SampleResults of (prefill, decode) items in order."""
+
+    def recoverable(self) -> bool:
+        """Whether the engine may go on after run() raised (the step's requests fail, the
+        rest are served). A dead worker process is not."""
+        return False
 
     def close(self) -> None:
         pass
@@ -29,6 +35,9 @@ class LocalExecutor(Executor):
     def run(self, prefill: list[BatchItem], decode: list[BatchItem]):
         results = self.session.run(decode + prefill)
         return results[len(decode):], results[:len(decode)]
+
+    def recoverable(self) -> bool:
+        return device_usable(self.session.device)
 
 
 class WorkerExecutor(Executor):

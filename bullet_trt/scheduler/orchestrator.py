@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import queue
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -27,6 +26,7 @@ from bullet_trt.scheduler.perf_model import PERF_MODEL_FILE, ModelCost, PerfMode
 from bullet_trt.scheduler.policy import (Decision, PolicyState, SloConfig, WaitingPrompt,
                                          bullet_policy, static_policy)
 from bullet_trt.engine.session import SampleResult
+from bullet_trt.engine.step_failure import FailureStreak, last_line, report
 from bullet_trt.workers.decode_batch import DecodeStep, DecodeUpdate
 from bullet_trt.workers.session_worker import SessionWorker, WorkerDied
 
@@ -103,6 +103,8 @@ class SpatialEngineCore(EngineCore):
                                           outbox=self.results)
         self.prefill, self.decode = workers["prefill"], workers["decode"]
         self.inflight: dict[str, dict] = {}  # the prefill batch in flight
+        self.prefill_failures = FailureStreak("prefill")
+        self.decode_failures = FailureStreak("decode")
         self.current_prefill_sms: int | None = static_split
         self.last_split = (0, 0)
         # The decode worker steps its own batch (workers/decode_batch.py); here: which
@@ -294,12 +296,14 @@ class SpatialEngineCore(EngineCore):
                 continue
             block = False
             received = time.monotonic()
-            if kind == "error":
-                if name == "prefill" and "prefill" in self.inflight:
-                    outputs += self._prefill_failed(self.inflight.pop("prefill"), payload)
-                    continue
+            if kind == "error" and name == "prefill" and "prefill" in self.inflight:
+                outputs += self._prefill_failed(self.inflight.pop("prefill"), payload)
+                continue
+            if kind in ("error", "fatal"):
                 raise WorkerDied(f"{name} worker failed:\n{payload}")
-            if kind == "left":
+            if kind == "step_failed":
+                outputs += self._decode_failed(*payload)
+            elif kind == "left":
                 self._free_acknowledged(payload)
             elif kind == "step":
                 outputs += self._complete_decode(payload, received)
@@ -316,6 +320,7 @@ class SpatialEngineCore(EngineCore):
                 self.allocator.release(blocks)
 
     def _complete_prefill(self, job: dict, results, measured_ms: float):
+        self.prefill_failures.succeeded()
         self.perf.observe("prefill", job["predicted"], measured_ms, job["sms"])
         outputs = self._prefilled(job, results)
         self._record("prefill", job["start"], job["end"], len(job["seqs"]), job["tokens"],
@@ -325,18 +330,32 @@ class SpatialEngineCore(EngineCore):
     def _prefill_failed(self, job: dict, trace: str) -> list:
         """A prefill batch that raised in the worker (out of GPU memory, say) ends its own
         requests with the error and frees their blocks; the worker caught the error and takes
-        the next batch, and every other request goes on. Only a dead worker ends the engine."""
-        last = next((line for line in reversed(trace.strip().splitlines()) if line.strip()), "unknown error")
-        print(f"bullet-trt: a prefill batch of {len(job['seqs'])} requests failed in the prefill "
-              f"worker; they end with an error, the rest go on:\n{trace}", file=sys.stderr, flush=True)
+        the next batch, and every other request goes on (bullet_trt/engine/step_failure.py)."""
+        reason = last_line(trace)
+        self.prefill_failures.failed(reason)
+        report("prefill", len(job["seqs"]), trace)
+        return self._fail_running([c.seq for c in job["chunks"]],
+                                  f"prefill failed on the engine's prefill worker: {reason}")
+
+    def _decode_failed(self, trace: str, rows: list[int], carried_prompts: bool) -> list:
+        """A decode step that raised in the worker ends the requests of its rows, and those
+        of the prompts it carried; the worker dropped those rows and steps the others on."""
+        reason = last_line(trace)
+        self.decode_failures.failed(reason)
+        seqs = [self.rows[row] for row in rows if row in self.rows]
+        if carried_prompts and "fused" in self.inflight:
+            seqs += self.inflight.pop("fused")["seqs"]
+        report("decode", len(seqs), trace)
+        return self._fail_running(seqs, f"decode failed on the engine's decode worker: {reason}")
+
+    def _fail_running(self, seqs: list[Sequence], message: str) -> list:
         outputs = []
-        for chunk in job["chunks"]:
-            seq = chunk.seq
+        for seq in seqs:
             if seq.status is not SeqStatus.RUNNING:
                 continue
             if seq.request_id in self._aborted:
                 self._aborted.remove(seq.request_id)
-            outputs.append(self._fail(seq, f"prefill failed on the engine's prefill worker: {last}"))
+            outputs.append(self._fail(seq, message))
         return outputs
 
     def _prefilled(self, job: dict, results) -> list:
@@ -365,6 +384,7 @@ class SpatialEngineCore(EngineCore):
         return outputs
 
     def _complete_decode(self, step: DecodeStep, received: float):
+        self.decode_failures.succeeded()
         self._free_acknowledged(step.left)
         outputs = []
         for row, token, logprob in zip(step.row_ids, step.token_ids, step.logprobs):

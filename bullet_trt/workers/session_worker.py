@@ -6,6 +6,10 @@ decode batch, which it steps on its own for as long as a row can step, sending a
 (tokens, measured time) after each (see decode_batch.py). The heavy state (weights, pool) crosses once, at start-up, as shared-memory / CUDA IPC
 handles. The worker pins its work to its SM partition: at start-up it creates the streams of
 every split it may be given (green contexts, libsmctrl masks) and per iteration only picks one.
+
+A step that raises is reported and the worker goes on: "error" for a prefill batch,
+"step_failed" with its rows for a decode step (those rows leave the batch). When the device's
+context is broken it reports "fatal" and exits instead (bullet_trt/engine/step_failure.py).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import traceback
 import torch
 import torch.multiprocessing as mp
 
+from bullet_trt.engine.step_failure import device_usable
 from bullet_trt.workers.decode_batch import DecodeStep, PersistentDecodeBatch
 from bullet_trt.workers.gc_freeze import freeze_startup_objects
 
@@ -80,6 +85,9 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
                     results, elapsed_ms, _ = _timed_run(session, device, part, name, prefill_sms, set_num_sms, items)
                     outbox.put((name, "ok", (results, elapsed_ms)))
                 except Exception:
+                    if not device_usable(device):
+                        outbox.put((name, "fatal", traceback.format_exc()))
+                        return
                     outbox.put((name, "error", traceback.format_exc()))
             try:
                 msg = inbox.get_nowait()
@@ -97,7 +105,17 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
             results, elapsed_ms, start = _timed_run(session, device, part, name, batch.prefill_sms,
                                                     set_num_sms, rows + prompts)
         except Exception:
-            outbox.put((name, "error", traceback.format_exc()))
+            trace = traceback.format_exc()
+            if not device_usable(device):
+                outbox.put((name, "fatal", trace))
+                return
+            # The rows (and prompts) of the failed step end with the error; the others step on.
+            failed = [row_id for row_id, _ in ran]
+            for row_id in failed:
+                batch.rows.pop(row_id, None)
+            if left:
+                outbox.put((name, "left", left))
+            outbox.put((name, "step_failed", (trace, failed, bool(prompts))))
             continue
         row_results = results[:len(rows)]
         tokens = [r.token_id for r in row_results]
