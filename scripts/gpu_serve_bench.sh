@@ -7,6 +7,8 @@
 # CALIBRATE="--set k=v ...": calibrate the engine first with the decode profile the server
 # runs (build_engines.py --profile), use that model and copy it and its points to $OUT;
 # otherwise the calibration kept in docs/data is used.
+# TTFT_SLO / TPOT_SLO (ms, default 1000 / 50): the SLOs the runs are scored against and the
+# started servers plan for.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/bullet-gpu}
@@ -26,6 +28,6 @@ fi
 /tmp/venv/bin/python -m bullet_trt.bench.serve_bench --start-server --engine-dir "$engine" \
   --modes ${MODES:-chunked,bullet,static} --set serve.static_prefill_sms=${STATIC_SMS:-64} \
   --dataset ${DATASET:-sharegpt} --rates ${RATES:-12,18,24,30} ${LOAD:---duration 12} \
-  --ttft-slo-ms 1000 --tpot-slo-ms 50 --out "$out/serve" --no-progress ${EXTRA:-} 2>&1 | tail -60
+  --ttft-slo-ms ${TTFT_SLO:-1000} --tpot-slo-ms ${TPOT_SLO:-50} --out "$out/serve" --no-progress ${EXTRA:-} 2>&1 | tail -60
 cat "$out/serve/summary.md" 2>/dev/null
 tar czf "$out/serve_results.tar.gz" -C "$out" serve && rm -rf "$out/serve"

@@ -255,6 +255,12 @@ def test_report_table_plots_and_compare(tmp_path, capsys):
     assert serve_bench.main(["--compare", str(tmp_path), "--ttft-slo-ms", "500", "--no-plots"]) == 0
     md = (tmp_path / "summary.md").read_text()
     assert "TTFT <= 500 ms" in md and "| 0.0% |" not in md
+    # a report under another SLO beside the runs, leaving the directory's own summary alone
+    report = tmp_path / "ttft150"
+    assert serve_bench.main(["--compare", str(tmp_path), "--ttft-slo-ms", "150", "--report-dir", str(report)]) == 0
+    assert "TTFT <= 150 ms" in (report / "summary.md").read_text()
+    assert "TTFT <= 500 ms" in (tmp_path / "summary.md").read_text()
+    assert (report / "slo_attainment_sharegpt.png").stat().st_size > 1000
 
 
 def test_sustained_rate_averages_repeats_and_stops_at_the_first_miss(tmp_path):
@@ -543,6 +549,21 @@ def test_serve_bench_starts_a_server_per_mode(tmp_path):
     with pytest.raises(SystemExit, match="mode static: serve.static_prefill_sms"):
         serve_bench.main(["--start-server", "--modes", "static", "--dataset", "sharegpt", "--rates", "1",
                           "--out", str(out)])
+
+
+def test_started_servers_plan_for_the_slos_the_run_is_scored_against():
+    from bullet_trt.bench import serve_bench
+    parser = serve_bench.build_parser()
+    args = parser.parse_args(["--start-server", "--tpot-slo-ms", "40", "--set", "serve.chunk_size=512"])
+    assert serve_bench.server_settings(args) == {"serve.tpot_slo_ms": "40", "serve.chunk_size": "512"}
+    args = parser.parse_args(["--start-server", "--ttft-slo-ms", "2000", "--tpot-slo-ms", "40",
+                              "--set", "serve.tpot_slo_ms=45"])
+    assert serve_bench.server_settings(args) == {"serve.ttft_slo_ms": "2000", "serve.tpot_slo_ms": "45"}
+    # what the server reads: the configuration the overrides make
+    from bullet_trt.config import load_engine_config
+    from bullet_trt.triton.server import DEFAULT_ENGINE_DIR
+    cfg = load_engine_config(str(DEFAULT_ENGINE_DIR), serve_bench.server_settings(args))
+    assert (cfg.serve.ttft_slo_ms, cfg.serve.tpot_slo_ms) == (2000.0, 45.0)
 
 
 def test_loadgen_ends_the_run_when_the_server_goes_away(tmp_path, tokenizer):

@@ -272,12 +272,15 @@ def plot_results(docs: list[dict], out_dir: Path, ttft_slo_ms: float | None = No
 
 
 def rebuild_report(out_dir: Path, ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None,
-                   plots: bool = True) -> tuple[Path, list[Path]]:
-    """summary.md (and the plots) from every result JSON in ``out_dir``."""
+                   plots: bool = True, report_dir: Path | None = None) -> tuple[Path, list[Path]]:
+    """summary.md (and the plots) from every result JSON in ``out_dir``, written to ``report_dir``
+    (default ``out_dir``)."""
     out_dir = Path(out_dir)
     docs = load_results(out_dir)
     if not docs:
         raise SystemExit(f"no benchmark results (*.json or *.json.gz of kind {RESULT_KIND}) in {out_dir}")
+    out_dir = Path(report_dir) if report_dir else out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / "summary.md"
     md.write_text(markdown_table(docs, ttft_slo_ms, tpot_slo_ms))
     pngs = plot_results(docs, out_dir, ttft_slo_ms, tpot_slo_ms) if plots else []
@@ -595,13 +598,27 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--compare", metavar="DIR", default=None,
                     help="only rebuild summary.md and the plots from the JSON files in DIR (re-scored with "
                          "--ttft-slo-ms / --tpot-slo-ms when given)")
+    ap.add_argument("--report-dir", metavar="DIR", default=None,
+                    help="with --compare: write summary.md and the plots here instead of into the compared "
+                         "directory (one set of runs, reports under several SLOs)")
     return ap
+
+
+def server_settings(args) -> dict[str, str]:
+    """The configuration overrides of the servers `--start-server` starts: the SLOs the run is
+    scored against, when given, become the SLOs the spatial policies plan for (a server that
+    plans for 50 ms while it is judged at 40 ms would be measured out of its configuration);
+    an explicit --set of either still wins."""
+    slos = {key: f"{value:g}" for key, value in (("serve.ttft_slo_ms", args.ttft_slo_ms),
+                                                 ("serve.tpot_slo_ms", args.tpot_slo_ms)) if value is not None}
+    return {**slos, **parse_sets(args.set)}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.compare:
-        md, pngs = rebuild_report(Path(args.compare), args.ttft_slo_ms, args.tpot_slo_ms, plots=not args.no_plots)
+        md, pngs = rebuild_report(Path(args.compare), args.ttft_slo_ms, args.tpot_slo_ms, plots=not args.no_plots,
+                                  report_dir=Path(args.report_dir) if args.report_dir else None)
         print(md.read_text())
         for p in pngs:
             print(f"wrote {p}")
@@ -635,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
             run_sweep(args.url, args.label or "server", workloads, args, out_dir)
         else:
             from bullet_trt.config import load_engine_config
-            sets = parse_sets(args.set)
+            sets = server_settings(args)
             modes = [m.strip() for m in args.modes.split(",") if m.strip()]
             if not modes:
                 raise SystemExit("--modes is empty")
