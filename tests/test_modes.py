@@ -103,6 +103,8 @@ def test_bad_split_configuration_is_a_startup_error(llama_engine):
         LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.tpot_slo_ms": 0})
     with pytest.raises(ConfigError, match=r"serve.ttft_plan_fraction must be in \(0, 1\]"):
         LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.ttft_plan_fraction": 1.5})
+    with pytest.raises(ConfigError, match=r"serve.tpot_plan_fraction must be in \(0, 2\], got 0"):
+        LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.tpot_plan_fraction": 0})
     with pytest.raises(ConfigError, match="serve.fuse_prefill must be never, auto or always, got 'often'"):
         LLM(str(llama_engine), executor="serve", **{"serve.mode": "bullet", "serve.fuse_prefill": "often"})
     with pytest.raises((ValueError, RuntimeError), match="serve.partitioner"):

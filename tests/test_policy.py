@@ -26,7 +26,7 @@ def test_prefill_gets_the_fewest_sms_that_keep_the_queue_within_ttft():
     assert d.prefill_sms > SPLITS[0]  # this queue needs more than the smallest split
     assert queue_meets_ttft(st, SLO, MODEL, d.prefill_sms)
     assert not queue_meets_ttft(st, SLO, MODEL, d.prefill_sms - 8)
-    assert d.predicted_decode_ms <= SLO.tpot_ms * SLO.margin
+    assert d.predicted_decode_ms <= SLO.tpot_ms * SLO.tpot_plan
     assert d.admit == [0, 1, 2, 3]  # the first capped batch, in arrival order
 
 
@@ -61,10 +61,10 @@ LATE = ((-5.0, 4096), (-4.0, 4096))  # past their deadlines whatever the split
 def test_ttft_at_risk_prefill_takes_what_decode_can_spare():
     d = bullet_policy(state(waiting=LATE), SLO, MODEL)
     decode_sms = d.decode_sms(132)
-    assert MODEL.decode_ms(32, 32 * 1024, decode_sms) <= SLO.tpot_ms * SLO.margin
+    assert MODEL.decode_ms(32, 32 * 1024, decode_sms) <= SLO.tpot_ms * SLO.tpot_plan
     # one granule fewer would miss the (margined) SLO, unless decode is already at the minimum
     if d.prefill_sms < SPLITS[-1]:
-        assert MODEL.decode_ms(32, 32 * 1024, decode_sms - 8) > SLO.tpot_ms * SLO.margin
+        assert MODEL.decode_ms(32, 32 * 1024, decode_sms - 8) > SLO.tpot_ms * SLO.tpot_plan
     assert d.predicted_decode_ms <= SLO.tpot_ms
 
 
@@ -92,13 +92,29 @@ def test_stale_corrections_stop_pinning_prefill_to_its_smallest_share():
         observe_108()
     d = bullet_policy(late, SLO, model)
     assert d.prefill_sms > 24
-    assert d.predicted_decode_ms <= SLO.tpot_ms * SLO.margin
+    assert d.predicted_decode_ms <= SLO.tpot_ms * SLO.tpot_plan
 
 
 def test_tighter_tpot_gives_decode_more_sms():
     loose = bullet_policy(state(decode_batch=128, ctx=2048, waiting=LATE), SloConfig(1000, 60), MODEL)
     tight = bullet_policy(state(decode_batch=128, ctx=2048, waiting=LATE), SloConfig(1000, 25), MODEL)
     assert tight.decode_sms(132) > loose.decode_sms(132)
+
+
+def test_a_looser_tpot_plan_lets_a_late_queue_take_more_sms():
+    """serve.tpot_plan_fraction bounds decode's step beside a prefill; above the SLO's own
+    margin, prefill takes more of the SMs when the queue is late, and the plan is all the TPOT
+    SLO enters: a 60 ms SLO planned at 0.85 decides as a 50 ms SLO planned at 1.02."""
+    late = state(decode_batch=512, ctx=500, waiting=LATE)
+    default = bullet_policy(late, SLO, MODEL)
+    looser = bullet_policy(late, SloConfig(1000.0, 50.0, tpot_plan=1.02), MODEL)
+    assert looser.prefill_sms > default.prefill_sms
+    assert default.predicted_decode_ms <= 50.0 * 0.85 < looser.predicted_decode_ms <= 50.0 * 1.02
+    for st in (late, state(waiting=((0.0, 1024),) * 6), state(decode_batch=900, ctx=300, waiting=LATE),
+               state(decode_batch=64, waiting=((0.0, 4096),), decode_slots=1024, free_seq_slots=960)):
+        a = bullet_policy(st, SloConfig(1000.0, 60.0, tpot_plan=0.85), MODEL)
+        b = bullet_policy(st, SloConfig(1000.0, 50.0, tpot_plan=1.02), MODEL)
+        assert (a.prefill_sms, a.admit) == (b.prefill_sms, b.admit)
 
 
 def test_unreachable_tpot_keeps_prefill_at_the_minimum():
@@ -200,7 +216,7 @@ def test_decode_with_free_slots_gives_prefill_the_sms_it_cannot_use():
     assert d.prefill_sms > legacy.prefill_sms
     budget = decode_step_budget(st, SLO, MODEL)
     full = MODEL.decode_ms(4, 4 * 2048, 132)
-    assert full < budget < SLO.tpot_ms * SLO.margin
+    assert full < budget < SLO.tpot_ms * SLO.tpot_plan
     assert d.predicted_decode_ms <= budget
     # the most such SMs: one granule more would break the budget, or there is none more
     if d.prefill_sms < SPLITS[-1]:
@@ -238,7 +254,7 @@ def test_large_decode_batch_fuses_prompts_into_its_step():
     d = bullet_policy(big, SLO, MODEL)
     assert d.fuse and d.prefill_sms is None and 0 < len(d.admit) < len(short)
     assert d.admit == sorted(d.admit)  # arrival order (all arrived at once: index order)
-    target = SLO.tpot_ms * SLO.margin
+    target = SLO.tpot_ms * SLO.tpot_plan
     fused = lambda n: MODEL.fused_ms(512, 512 * 600, PrefillShape.of([160] * n), 132)  # noqa: E731
     assert d.predicted_prefill_ms == fused(len(d.admit)) <= target < fused(len(d.admit) + 1)
     assert not bullet_policy(small, SLO, MODEL).fuse

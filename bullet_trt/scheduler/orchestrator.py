@@ -88,7 +88,8 @@ class SpatialEngineCore(EngineCore):
                                   f"{self.total_sms} SMs; lower it")
         self.splits = splits
         total = self.total_sms
-        self.slo = SloConfig(ttft_ms=s.ttft_slo_ms, tpot_ms=s.tpot_slo_ms, ttft_plan=s.ttft_plan_fraction)
+        self.slo = SloConfig(ttft_ms=s.ttft_slo_ms, tpot_ms=s.tpot_slo_ms, ttft_plan=s.ttft_plan_fraction,
+                             tpot_plan=s.tpot_plan_fraction)
         self.perf = self._load_perf_model(cfg, total, device)
         self.scheduler = SpatialQueues(self.allocator, self.state.block_size)
         self.results = mp.get_context("spawn").Queue()

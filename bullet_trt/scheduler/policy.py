@@ -13,9 +13,11 @@ Decode's speed only matters while its sequence slots are scarce, though: when mo
 free, its step time limits nothing but TPOT, so prefill also takes the SMs whose loss keeps
 decode's step within a budget that grows from its full-GPU step toward the TPOT target as
 the slots empty (`decode_step_budget`). When no split keeps the queue within TTFT, prefill
-takes the most SMs whose remainder still meets TPOT. Both SLOs are planned with a safety
-margin, TTFT's for the split with a wide one (half the SLO by default), so that prompts are
-not prefilled at the SLO's edge. The batch admits waiting prompts, earliest deadline
+takes the most SMs whose remainder still meets TPOT. Both SLOs are planned with a margin:
+decode's step beside a prefill for `tpot_plan` of the TPOT SLO (a per-step bound on what is
+a per-request mean, so a plan near or above 1 can still keep the mean within the SLO), and
+TTFT's for the split with a wide one (half the SLO by default), so that prompts are not
+prefilled at the SLO's edge. The batch admits waiting prompts, earliest deadline
 first, while the predicted prefill time keeps each within its deadline.
 
 Once decode's dense layers are bound by math rather than by the weight stream (a large
@@ -64,7 +66,12 @@ class PolicyState:
 class SloConfig:
     ttft_ms: float
     tpot_ms: float
-    margin: float = 0.85  # admission and the decode step are planned for this fraction of each SLO
+    margin: float = 0.85  # admission is planned for this fraction of the TTFT SLO
+    # Decode's step beside a prefill is planned for this fraction of the TPOT SLO. TPOT is a
+    # request's mean over its steps, and most of them run shorter than this bound (alone on
+    # the GPU, or on a split TTFT did not force), so a bound above 1 can still keep the mean
+    # within the SLO; it only binds when the queue forces prefill to take SMs.
+    tpot_plan: float = 0.85
     # The split is chosen so that the waiting queue is prefilled within this fraction of the
     # TTFT SLO: planning for the whole budget made TTFT sit at the SLO's edge whenever
     # prefill was the busier phase (long prompts), where arrivals and prediction error pushed
@@ -154,7 +161,7 @@ def decode_step_budget(state: PolicyState, slo: SloConfig, model: PerfModel) -> 
     slower step costs nothing but TPOT, and the budget grows toward the TPOT target in
     proportion to the slots neither held nor claimed by a waiting prompt; prefill, then the
     phase that bounds the rate, gets the SMs."""
-    target = slo.tpot_ms * slo.margin
+    target = slo.tpot_ms * slo.tpot_plan
     full = model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms)
     if state.decode_slots is None or full >= target:
         return min(full, target)
@@ -183,7 +190,7 @@ def _admit_fused(state: PolicyState, slo: SloConfig, model: PerfModel) -> tuple[
             break
         shape = PrefillShape.of([state.waiting[j].num_tokens for j in admitted + [i]])
         ms = model.fused_ms(state.decode_batch, state.decode_total_ctx, shape, state.total_sms)
-        if state.fuse != "always" and ms > slo.tpot_ms * slo.margin:
+        if state.fuse != "always" and ms > slo.tpot_ms * slo.tpot_plan:
             break
         admitted.append(i)
         tokens += n
@@ -207,7 +214,7 @@ def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decis
     def decode_ms(prefill_sms: int) -> float:
         return model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms - prefill_sms)
 
-    tpot_ok = [s for s in state.splits if decode_ms(s) <= slo.tpot_ms * slo.margin]
+    tpot_ok = [s for s in state.splits if decode_ms(s) <= slo.tpot_ms * slo.tpot_plan]
     # Fewest prefill SMs that keep TTFT; decode keeps the rest (if that meets TPOT) ...
     chosen = next((s for s in tpot_ok if queue_meets_ttft(state, slo, model, s)), None)
     if chosen is None:
