@@ -279,11 +279,11 @@ def rebuild_report(out_dir: Path, ttft_slo_ms: float | None = None, tpot_slo_ms:
     docs = load_results(out_dir)
     if not docs:
         raise SystemExit(f"no benchmark results (*.json or *.json.gz of kind {RESULT_KIND}) in {out_dir}")
-    out_dir = Path(report_dir) if report_dir else out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md = out_dir / "summary.md"
+    report = Path(report_dir) if report_dir else out_dir
+    report.mkdir(parents=True, exist_ok=True)
+    md = report / "summary.md"
     md.write_text(markdown_table(docs, ttft_slo_ms, tpot_slo_ms))
-    pngs = plot_results(docs, out_dir, ttft_slo_ms, tpot_slo_ms) if plots else []
+    pngs = plot_results(docs, report, ttft_slo_ms, tpot_slo_ms) if plots else []
     return md, pngs
 
 
@@ -618,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.compare:
         md, pngs = rebuild_report(Path(args.compare), args.ttft_slo_ms, args.tpot_slo_ms, plots=not args.no_plots,
-                                  report_dir=Path(args.report_dir) if args.report_dir else None)
+                                  report_dir=args.report_dir)
         print(md.read_text())
         for p in pngs:
             print(f"wrote {p}")

@@ -78,6 +78,11 @@ class SloConfig:
     # many prompts over it.
     ttft_plan: float = 0.5
 
+    @property
+    def decode_step_ms(self) -> float:
+        """The longest step decode is planned to take beside a prefill."""
+        return self.tpot_ms * self.tpot_plan
+
 
 @dataclass
 class Decision:
@@ -161,7 +166,7 @@ def decode_step_budget(state: PolicyState, slo: SloConfig, model: PerfModel) -> 
     slower step costs nothing but TPOT, and the budget grows toward the TPOT target in
     proportion to the slots neither held nor claimed by a waiting prompt; prefill, then the
     phase that bounds the rate, gets the SMs."""
-    target = slo.tpot_ms * slo.tpot_plan
+    target = slo.decode_step_ms
     full = model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms)
     if state.decode_slots is None or full >= target:
         return min(full, target)
@@ -190,7 +195,7 @@ def _admit_fused(state: PolicyState, slo: SloConfig, model: PerfModel) -> tuple[
             break
         shape = PrefillShape.of([state.waiting[j].num_tokens for j in admitted + [i]])
         ms = model.fused_ms(state.decode_batch, state.decode_total_ctx, shape, state.total_sms)
-        if state.fuse != "always" and ms > slo.tpot_ms * slo.tpot_plan:
+        if state.fuse != "always" and ms > slo.decode_step_ms:
             break
         admitted.append(i)
         tokens += n
@@ -214,7 +219,7 @@ def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decis
     def decode_ms(prefill_sms: int) -> float:
         return model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms - prefill_sms)
 
-    tpot_ok = [s for s in state.splits if decode_ms(s) <= slo.tpot_ms * slo.tpot_plan]
+    tpot_ok = [s for s in state.splits if decode_ms(s) <= slo.decode_step_ms]
     # Fewest prefill SMs that keep TTFT; decode keeps the rest (if that meets TPOT) ...
     chosen = next((s for s in tpot_ok if queue_meets_ttft(state, slo, model, s)), None)
     if chosen is None:
