@@ -167,11 +167,11 @@ def main(argv: list[str] | None = None) -> int:
                          "e.g. decode.max_num_seqs=1024, whose decode profile bounds the batches measured")
     args = ap.parse_args(argv)
     if args.profile:
-        from bullet_trt.scheduler.calibrate import calibrate_engine_dir
+        from bullet_trt.spatial.calibrate import calibrate_engine_dir
         target = args.out or DEFAULT_ENGINE_DIR
         if args.dummy_weights or args.checkpoint:
             raise SystemExit("--profile calibrates an existing engine directory (--out); build it first")
-        from bullet_trt.cli import parse_sets
+        from bullet_trt.tools.cli import parse_sets
         calibrate_engine_dir(target, overrides=parse_sets(args.set))
         return 0
     if args.set:

@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from bullet_trt.triton import process_tree  # noqa: E402
+from bullet_trt.serving.triton import process_tree  # noqa: E402
 
 
 class Group:
@@ -214,7 +214,7 @@ def run(*, streams: int = 150, interval_ms: float = 10.0, arrive_before_s: float
         start_timeout_s: float = 300.0, end_timeout_s: float = 120.0, model: str = "bullet",
         echo=print) -> Report:
     """The scenario; returns what happened (the server is stopped before it returns)."""
-    from bullet_trt.triton import server as srv
+    from bullet_trt.serving.triton import server as srv
 
     if engine_dir is None:
         from build_engines import DEFAULT_ENGINE_DIR, build_default_engine

@@ -16,7 +16,7 @@ import json
 
 import torch
 
-from bullet_trt.scheduler.calibrate import measurement_setup, profile_items, time_ms
+from bullet_trt.spatial.calibrate import measurement_setup, profile_items, time_ms
 
 SETTINGS = ("cublas", "cublaslt", "cublaslt+sm_target")
 # (name, K, N) of Llama-3.1-8B's projections, q/k/v and gate/up fused as the engine runs them

@@ -15,7 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bullet_trt.engine.llm import LLM
+from bullet_trt.serving.llm import LLM
 from bullet_trt.engine.request import NewRequest
 from bullet_trt.engine.sampling import SamplingParams
 

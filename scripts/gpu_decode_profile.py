@@ -26,9 +26,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bullet_trt.bench.kernel_bench import copy_gbs  # noqa: E402
-from bullet_trt.scheduler.calibrate import measurement_setup, profile_items, time_ms  # noqa: E402
-from bullet_trt.scheduler.perf_model import ModelCost  # noqa: E402
+from bullet_trt.tools.bench.kernel_bench import copy_gbs  # noqa: E402
+from bullet_trt.spatial.calibrate import measurement_setup, profile_items, time_ms  # noqa: E402
+from bullet_trt.spatial.perf_model import ModelCost  # noqa: E402
 
 KINDS = (("attention", ("_decode",)), ("gemm", ("gemm", "nvjet", "cutlass", "sm90", "gemv", "splitk")),
          ("norm", ("rms_norm",)), ("rope", ("_rope",)), ("kv write", ("_write_kv",)),

@@ -14,7 +14,7 @@ engine=/tmp/engines/llama-3.1-8b
 python3 build_engines.py --dummy-weights --arch llama-3.1-8b --out "$engine" --max-model-len 4096 >/dev/null
 cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$engine/perf_model.yaml"
 echo "== bullet-trt serve --start-mps"
-/tmp/venv/bin/python -m bullet_trt.cli serve --start-mps --engine-dir "$engine" --set serve.mode=bullet \
+/tmp/venv/bin/python -m bullet_trt.tools.cli serve --start-mps --engine-dir "$engine" --set serve.mode=bullet \
   --set serve.iteration_log="$out/final_iterations.jsonl" > /tmp/serve.log 2>&1 &
 server=$!
 for _ in $(seq 1 180); do curl -sf localhost:8000/v2/models/bullet/ready >/dev/null && break; sleep 1; done

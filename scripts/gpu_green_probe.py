@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from bullet_trt.sm.green import create_green_stream, device_sm_resource, split_once
+from bullet_trt.spatial.partitioners.green import create_green_stream, device_sm_resource, split_once
 
 
 def stream_for(side: str, split: int):

@@ -14,4 +14,4 @@ engine=${ENGINE:-/tmp/engines/llama-3.1-8b}
 [ -f "$engine/engine.yaml" ] || python3 build_engines.py --dummy-weights --arch llama-3.1-8b --out "$engine" --max-model-len 4096
 timeout ${DEMO_TIMEOUT:-240} python3 scripts/gpu_bullet_demo.py "$engine" "$out" --mode bullet \
   --set serve.partitioner=green "$@" 2>&1 | tee "$out/bullet_demo.log"
-python3 -m bullet_trt.bench.plot_iterations "$out/iterations_bullet.jsonl" -o "$out/sm_split_bullet.png" 2>&1 | tail -1
+python3 -m bullet_trt.tools.bench.plot_iterations "$out/iterations_bullet.jsonl" -o "$out/sm_split_bullet.png" 2>&1 | tail -1

@@ -12,7 +12,7 @@ echo "== engine GPU tests (Triton kernels)"
 timeout 240 python3 -m pytest -p no:cacheprovider -q tests/test_gpu.py 2>&1 | tail -4
 [ -f "$engine/engine.yaml" ] || python3 build_engines.py --dummy-weights --arch llama-3.1-8b --out "$engine" --max-model-len 4096
 echo "== bench kernels"
-timeout 240 python3 -m bullet_trt.bench.kernel_bench --engine-dir "$engine" --json "$out/kernel_bench.json" 2>&1 | tee "$out/kernel_bench.log" | tail -8
+timeout 240 python3 -m bullet_trt.tools.bench.kernel_bench --engine-dir "$engine" --json "$out/kernel_bench.json" 2>&1 | tee "$out/kernel_bench.log" | tail -8
 [ -n "${SKIP_CALIBRATE:-}" ] && exit 0
 echo "== calibrate"
 timeout 300 python3 build_engines.py --profile --out "$engine" 2>&1 | tee "$out/calibrate.log" | tail -3

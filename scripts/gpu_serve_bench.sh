@@ -25,7 +25,7 @@ if [ -n "${CALIBRATE:-}" ]; then
 else
   cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$engine/perf_model.yaml"
 fi
-/tmp/venv/bin/python -m bullet_trt.bench.serve_bench --start-server --engine-dir "$engine" \
+/tmp/venv/bin/python -m bullet_trt.tools.bench.serve_bench --start-server --engine-dir "$engine" \
   --modes ${MODES:-chunked,bullet,static} --set serve.static_prefill_sms=${STATIC_SMS:-64} \
   --dataset ${DATASET:-sharegpt} --rates ${RATES:-12,18,24,30} ${LOAD:---duration 12} \
   --ttft-slo-ms ${TTFT_SLO:-1000} --tpot-slo-ms ${TPOT_SLO:-50} --out "$out/serve" --no-progress ${EXTRA:-} 2>&1 | tail -60

@@ -3,7 +3,7 @@
 # 45+15+75+120+15 s < 5 minutes):
 #   1. build native/ (make -C native; skips the probe without nvcc, the doctor then uses Triton)
 #   2. start the private MPS daemon (scripts/start_mps.sh)
-#   3. python -m bullet_trt.sm.doctor: GPU, MPS, partitioners, green splits, the SM-id
+#   3. python -m bullet_trt.tools.doctor: GPU, MPS, partitioners, green splits, the SM-id
 #      measurement in one process, and across two MPS clients the SM ids (reported only:
 #      MPS renumbers %smid per client) and the GEMM throughput test that decides
 #      disjointness (group+remainder vs group+group, 4 phases of 2 s) -> $OUT/sm_doctor.json
@@ -35,7 +35,7 @@ else
 fi
 
 echo "== doctor"
-timeout 75 "$PY" -m bullet_trt.sm.doctor --strict --json "$out/sm_doctor.json" 2>&1 | tee "$out/sm_doctor.log"
+timeout 75 "$PY" -m bullet_trt.tools.doctor --strict --json "$out/sm_doctor.json" 2>&1 | tee "$out/sm_doctor.log"
 doctor_rc=$?
 
 echo "== pytest -m gpu tests/test_sm.py"

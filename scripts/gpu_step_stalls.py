@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from bullet_trt.bench.datasets import poisson_arrivals, sample_lengths
+from bullet_trt.tools.bench.datasets import poisson_arrivals, sample_lengths
 from bullet_trt.config import load_engine_config
 from bullet_trt.engine.core import create_engine
 from bullet_trt.engine.request import NewRequest

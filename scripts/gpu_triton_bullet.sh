@@ -14,7 +14,7 @@ engine=${ENGINE:-/tmp/engines/llama-3.1-8b}
 [ -f "$engine/engine.yaml" ] || python3 build_engines.py --dummy-weights --arch llama-3.1-8b --out "$engine" --max-model-len 4096
 cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$engine/perf_model.yaml"
 log="$out/triton_iterations.jsonl"; rm -f "$log"
-/tmp/venv/bin/python -m bullet_trt.cli serve --engine-dir "$engine" --set serve.mode=bullet --set serve.partitioner=green \
+/tmp/venv/bin/python -m bullet_trt.tools.cli serve --engine-dir "$engine" --set serve.mode=bullet --set serve.partitioner=green \
   --set serve.iteration_log="$log" ${SERVER_ARGS:-} > /tmp/tritonserver.log 2>&1 &
 server=$!
 trap 'kill -INT $server 2>/dev/null; sleep 5; kill -9 $server 2>/dev/null; KILL_MPS_TIMEOUT=10 timeout 15 bash scripts/kill_mps.sh >/dev/null' EXIT
@@ -35,4 +35,4 @@ changes = sum(1 for a, b in zip(recs, recs[1:]) if a["phase"] == b["phase"] == "
 print("iterations", len(recs), "by (phase, SMs):", dict(sorted(c.items())), "decode split changes:", changes)
 PY
 tail -c 20000 /tmp/tritonserver.log > "$out/tritonserver_tail.log"
-python3 -m bullet_trt.bench.plot_iterations "$log" -o "$out/triton_sm_split.png" --title "tritonserver, bullet mode, H200" | tail -1
+python3 -m bullet_trt.tools.bench.plot_iterations "$log" -o "$out/triton_sm_split.png" --title "tritonserver, bullet mode, H200" | tail -1

@@ -7,4 +7,4 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ -x "$ROOT/.venv/bin/python" ] || { echo "serve: .venv missing: run bash scripts/setup.sh first" >&2; exit 1; }
 cd "$ROOT"
-exec "$ROOT/.venv/bin/python" -m bullet_trt.cli serve "$@"
+exec "$ROOT/.venv/bin/python" -m bullet_trt.tools.cli serve "$@"

@@ -98,7 +98,7 @@ else
 fi
 
 # -- 5. tritonserver's Python-backend stub ---------------------------------------------------
-"$VPY" -m bullet_trt.triton.server >/dev/null
+"$VPY" -m bullet_trt.serving.triton.server >/dev/null
 if ! "$VPY" -c 'import sysconfig,sys,glob; d=sysconfig.get_config_var("LIBDIR") or ""; v=f"{sys.version_info[0]}.{sys.version_info[1]}"; sys.exit(0 if glob.glob(f"{d}/libpython{v}*.so*") else 1)'; then
   if ! /sbin/ldconfig -p 2>/dev/null | grep -q "libpython$pyver\.so\.1"; then
     say "WARNING: no libpython$pyver.so: the Python-backend stub embeds Python and needs it" \

@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bullet_trt.bench import datasets as ds
-from bullet_trt.bench.metrics import RequestRecord, percentiles, slo_attainment, summarize
+from bullet_trt.tools.bench import datasets as ds
+from bullet_trt.tools.bench.metrics import RequestRecord, percentiles, slo_attainment, summarize
 
 # ---------------------------------------------------------------------------------------------
 # datasets
 # ---------------------------------------------------------------------------------------------
 
-# documented targets (bullet_trt/bench/datasets.py, docs/benchmarking.md): sample means, no model cap
+# documented targets (bullet_trt/tools/bench/datasets.py, docs/benchmarking.md): sample means, no model cap
 MEAN_RANGES = {
     "sharegpt": ((145, 180), (310, 365)),
     "azure-conv": ((1050, 1270), (205, 250)),
@@ -228,7 +228,7 @@ def test_record_json_round_trip():
 
 def _fake_run(out_dir, label, rate, ttft, seed=0, late=0):
     """Four requests with the given TTFT, the first `late` of them 1 s late instead."""
-    from bullet_trt.bench.serve_bench import write_result
+    from bullet_trt.tools.bench.serve_bench import write_result
     w = ds.build_workload("sharegpt", rate, 4, seed=seed, prompts=False)
     records = [rec(i, r.arrival_s, [r.arrival_s + (1.0 if i < late else ttft) + 0.01 * k for k in range(3)])
                for i, r in enumerate(w.requests)]
@@ -237,7 +237,7 @@ def _fake_run(out_dir, label, rate, ttft, seed=0, late=0):
 
 
 def test_report_table_plots_and_compare(tmp_path, capsys):
-    from bullet_trt.bench import serve_bench
+    from bullet_trt.tools.bench import serve_bench
     _fake_run(tmp_path, "chunked", 1.0, 0.05)
     _fake_run(tmp_path, "chunked", 2.0, 0.2)
     _, doc = _fake_run(tmp_path, "bullet", 1.0, 0.05)
@@ -264,7 +264,7 @@ def test_report_table_plots_and_compare(tmp_path, capsys):
 
 
 def test_sustained_rate_averages_repeats_and_stops_at_the_first_miss(tmp_path):
-    from bullet_trt.bench import capacity, serve_bench
+    from bullet_trt.tools.bench import capacity, serve_bench
     # chunked: 100% at 1, then 75% and 100% at 2 (mean 87.5% < 90%), 100% at 3
     _fake_run(tmp_path, "chunked", 1.0, 0.05)
     _fake_run(tmp_path, "chunked", 2.0, 0.05, seed=0, late=1)
@@ -289,7 +289,7 @@ def test_sustained_rate_averages_repeats_and_stops_at_the_first_miss(tmp_path):
 
 def test_compare_reads_gzipped_results_beside_plain_ones(tmp_path):
     import gzip
-    from bullet_trt.bench import serve_bench
+    from bullet_trt.tools.bench import serve_bench
     path, _ = _fake_run(tmp_path, "chunked", 1.0, 0.05)
     gz = path.with_name(path.name + ".gz")
     gz.write_bytes(gzip.compress(path.read_bytes()))
@@ -303,7 +303,7 @@ def test_compare_reads_gzipped_results_beside_plain_ones(tmp_path):
 
 
 def test_gpu_telemetry_summary_covers_the_arrival_window_only():
-    from bullet_trt.sm.gpu_monitor import summarize_telemetry
+    from bullet_trt.spatial.gpu_monitor import summarize_telemetry
     arriving = [{"t": float(i), "sm_clock_mhz": 1500 + 10 * i, "power_w": 600.0 + i,
                  "power_capped": i % 2 == 0} for i in range(11)]
     drain = [{"t": 20.0, "sm_clock_mhz": 1980, "power_w": 200.0, "power_capped": False}]
@@ -317,7 +317,7 @@ def test_gpu_telemetry_summary_covers_the_arrival_window_only():
 
 
 def test_gpu_telemetry_leaves_out_what_nvml_refuses():
-    from bullet_trt.sm.gpu_monitor import read_sample
+    from bullet_trt.spatial.gpu_monitor import read_sample
 
     class Utilization:
         gpu, memory = 97, 41
@@ -341,8 +341,8 @@ def test_gpu_telemetry_leaves_out_what_nvml_refuses():
 
 def test_gpu_telemetry_device_choice_and_absence():
     import types
-    from bullet_trt.bench.serve_bench import format_row, telemetry_device, telemetry_fields
-    from bullet_trt.sm.gpu_monitor import GpuMonitor, TelemetrySampler
+    from bullet_trt.tools.bench.serve_bench import format_row, telemetry_device, telemetry_fields
+    from bullet_trt.spatial.gpu_monitor import GpuMonitor, TelemetrySampler
     args = types.SimpleNamespace(gpu_telemetry="auto")
     assert telemetry_device(args, "localhost:8001") == 0
     assert telemetry_device(args, "gpu-box.example:8001") is None
@@ -368,7 +368,7 @@ def test_gpu_telemetry_device_choice_and_absence():
 
 
 def test_rates_parsing():
-    from bullet_trt.bench.serve_bench import parse_rates
+    from bullet_trt.tools.bench.serve_bench import parse_rates
     assert parse_rates("1, 2,4.5") == [1.0, 2.0, 4.5]
     assert parse_rates(None) == [None] and parse_rates("native,2") == [None, 2.0]
     with pytest.raises(SystemExit, match="> 0"):
@@ -429,7 +429,7 @@ class FakeManagerStream(FakeManager):
 
 @pytest.mark.parametrize("cls", [FakeManagerTS, FakeManagerStream])
 def test_peer_runner_replays_open_loop(cls):
-    from bullet_trt.bench.hf_peer import PeerRunner
+    from bullet_trt.tools.bench.hf_peer import PeerRunner
     w = ds.build_workload("azure-code", 200.0, 6, seed=0, prompts=False, max_output_tokens=5)
     for r in w.requests:
         r.prompt_ids = list(range(r.input_tokens))
@@ -461,7 +461,7 @@ def server(tmp_path_factory):
 
 
 def test_serve_bench_end_to_end(server, tmp_path, capsys):
-    from bullet_trt.bench import serve_bench
+    from bullet_trt.tools.bench import serve_bench
     from tests.triton_fixture import ensure_default_engine
     out = tmp_path / "results"
     rc = serve_bench.main(["--url", server.grpc_url, "--engine-dir", str(ensure_default_engine()),
@@ -492,7 +492,7 @@ def test_serve_bench_end_to_end(server, tmp_path, capsys):
 def test_serve_bench_trace_replay_and_bounded_drain(server, tmp_path):
     """A trace replayed at its own timing; requests still running at the drain timeout are
     cancelled and recorded as errors, and the run still writes its results."""
-    from bullet_trt.bench import serve_bench
+    from bullet_trt.tools.bench import serve_bench
     from tests.triton_fixture import ensure_default_engine
     trace = _write(tmp_path, "arrival_time_s,input_tokens,output_tokens\n0.0,20,3\n0.05,30,3\n0.1,40,900\n")
     out = tmp_path / "results"
@@ -517,7 +517,7 @@ def test_serve_bench_trace_replay_and_bounded_drain(server, tmp_path):
 
 
 def test_hf_peer_replays_the_workload_on_cpu(tmp_path):
-    from bullet_trt.bench import hf_peer
+    from bullet_trt.tools.bench import hf_peer
     from tests.triton_fixture import ensure_default_engine
     out = tmp_path / "results"
     rc = hf_peer.main(["--engine-dir", str(ensure_default_engine()), "--dataset", "sharegpt", "--rates", "50",
@@ -537,7 +537,7 @@ def test_hf_peer_replays_the_workload_on_cpu(tmp_path):
 
 
 def test_serve_bench_starts_a_server_per_mode(tmp_path):
-    from bullet_trt.bench import serve_bench
+    from bullet_trt.tools.bench import serve_bench
     out = tmp_path / "results"
     rc = serve_bench.main(["--start-server", "--modes", "chunked", "--dataset", "azure-code", "--rates", "20",
                            "--num-requests", "4", "--max-output-tokens", "3", "--warmup", "1", "--no-progress",
@@ -552,7 +552,7 @@ def test_serve_bench_starts_a_server_per_mode(tmp_path):
 
 
 def test_started_servers_plan_for_the_slos_the_run_is_scored_against():
-    from bullet_trt.bench import serve_bench
+    from bullet_trt.tools.bench import serve_bench
     parser = serve_bench.build_parser()
     args = parser.parse_args(["--start-server", "--tpot-slo-ms", "40", "--set", "serve.chunk_size=512"])
     assert serve_bench.server_settings(args) == {"serve.tpot_slo_ms": "40", "serve.chunk_size": "512"}
@@ -561,7 +561,7 @@ def test_started_servers_plan_for_the_slos_the_run_is_scored_against():
     assert serve_bench.server_settings(args) == {"serve.ttft_slo_ms": "2000", "serve.tpot_slo_ms": "45"}
     # what the server reads: the configuration the overrides make
     from bullet_trt.config import load_engine_config
-    from bullet_trt.triton.server import DEFAULT_ENGINE_DIR
+    from bullet_trt.serving.triton.server import DEFAULT_ENGINE_DIR
     cfg = load_engine_config(str(DEFAULT_ENGINE_DIR), serve_bench.server_settings(args))
     assert (cfg.serve.ttft_slo_ms, cfg.serve.tpot_slo_ms) == (2000.0, 45.0)
 
@@ -569,7 +569,7 @@ def test_started_servers_plan_for_the_slos_the_run_is_scored_against():
 def test_loadgen_ends_the_run_when_the_server_goes_away(tmp_path, tokenizer):
     """A broken gRPC stream fails the requests in flight at once (no wait for the drain
     timeout); unsent requests are recorded as not sent."""
-    from bullet_trt.bench.loadgen import LoadGenerator, LoadGenOptions
+    from bullet_trt.tools.bench.loadgen import LoadGenerator, LoadGenOptions
     from tests.triton_fixture import start_server
     srv = start_server(tmp_path, name="doomed")
     engine_pids = srv.engine_pids()  # the engine runs in a process group of its own

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.session import BatchItem
-from bullet_trt.workers.decode_batch import DecodeUpdate, PersistentDecodeBatch
+from bullet_trt.spatial.decode_batch import DecodeUpdate, PersistentDecodeBatch
 
 
 def item(pos: int, blocks: list[int], **params) -> BatchItem:

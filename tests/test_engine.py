@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bullet_trt.engine.block_allocator import BlockAllocator, OutOfBlocks
-from bullet_trt.engine.llm import LLM
+from bullet_trt.serving.llm import LLM
 from bullet_trt.engine.request import NewRequest
 from bullet_trt.engine.sampling import SamplingParams
 from build_engines import build_from_checkpoint

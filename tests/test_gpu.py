@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from bullet_trt.engine.llm import LLM
+from bullet_trt.serving.llm import LLM
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.kernels.metadata import AttentionMetadata
 from bullet_trt.model.arch import ModelArch

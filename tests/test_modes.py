@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bullet_trt.bench.plot_iterations import load, plot
-from bullet_trt.engine.llm import LLM
+from bullet_trt.tools.bench.plot_iterations import load, plot
+from bullet_trt.serving.llm import LLM
 from bullet_trt.engine.sampling import SamplingParams
 from tests.test_engine import GREEDY, llama_engine, prompts  # noqa: F401 (fixture)
 
@@ -122,7 +122,7 @@ def test_workers_exit_when_the_orchestrator_dies(llama_engine, tmp_path):
     script.write_text(
         "import os, sys\n"
         f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
-        "from bullet_trt.engine.llm import LLM\n"
+        "from bullet_trt.serving.llm import LLM\n"
         "if __name__ == '__main__':\n"
         f"    llm = LLM({str(llama_engine)!r}, executor='serve', **{{'serve.mode': 'bullet'}})\n"
         "    print(llm.engine.prefill.pid, llm.engine.decode.pid, flush=True)\n"

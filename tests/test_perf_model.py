@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from bullet_trt.scheduler.perf_model import (ModelCost, PerfModel, PrefillShape, ProfilePoint,
+from bullet_trt.spatial.perf_model import (ModelCost, PerfModel, PrefillShape, ProfilePoint,
                                              RooflineCoeffs, fit, median_abs_pct_error, predict_point)
 
 # Llama-3.1-8B-like costs in bf16

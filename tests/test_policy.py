@@ -2,8 +2,8 @@
 phases."""
 from __future__ import annotations
 
-from bullet_trt.scheduler.perf_model import PerfModel, PrefillShape
-from bullet_trt.scheduler.policy import (PolicyState, SloConfig, WaitingPrompt, bullet_policy,
+from bullet_trt.spatial.perf_model import PerfModel, PrefillShape
+from bullet_trt.spatial.policy import (PolicyState, SloConfig, WaitingPrompt, bullet_policy,
                                          decode_step_budget,
                                          queue_meets_ttft, static_policy)
 from tests.test_perf_model import COST, TRUE

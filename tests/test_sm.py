@@ -19,13 +19,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from bullet_trt.sm import mps, native
-from bullet_trt.sm import doctor
-from bullet_trt.sm.doctor import compare, main as doctor_main, run_doctor, summarize, throughput_verdict
-from bullet_trt.sm.green import GreenPartitioner
-from bullet_trt.sm.libsmctrl import LibsmctrlPartitioner
-from bullet_trt.sm.none import NonePartitioner
-from bullet_trt.sm.partitioner import Partitioner, make_partitioner
+from bullet_trt.spatial.partitioners import mps, native
+from bullet_trt.spatial.partitioners import doctor
+from bullet_trt.tools.doctor import compare, main as doctor_main, run_doctor, summarize, throughput_verdict
+from bullet_trt.spatial.partitioners.green import GreenPartitioner
+from bullet_trt.spatial.partitioners.libsmctrl import LibsmctrlPartitioner
+from bullet_trt.spatial.partitioners.none import NonePartitioner
+from bullet_trt.spatial.partitioners.base import Partitioner, make_partitioner
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -180,7 +180,7 @@ class _FakeStream(tuple):
 def fake_green(monkeypatch):
     import torch
 
-    from bullet_trt.sm import green
+    from bullet_trt.spatial.partitioners import green
 
     drv = _FakeDriver()
     monkeypatch.setattr(green, "_driver", lambda: drv)
@@ -289,7 +289,7 @@ def test_libsmctrl_refuses_unsupported_driver(native_build, tmp_path):
     src.write_text("#include <stdint.h>\nvoid libsmctrl_set_stream_mask(void* s, uint64_t m) { (void)s; (void)m; }\n")
     lib = tmp_path / "libfakesmctrl.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    from bullet_trt.sm import native as n
+    from bullet_trt.spatial.partitioners import native as n
 
     version = n.smctrl_lib().bullet_smctrl_driver_version()
     if 12000 <= version <= 12080:
@@ -312,7 +312,7 @@ int fake_calls_ext(void) { return g_calls_ext; }
 FAKE_LIBCUDA = "int cuDriverGetVersion(int* v) { *v = VERSION; return 0; }\n"
 SHIM_CHILD = r"""
 import ctypes, sys
-from bullet_trt.sm import native
+from bullet_trt.spatial.partitioners import native
 shim = native.smctrl_lib()
 err = ctypes.create_string_buffer(256)
 rc = shim.bullet_smctrl_open(sys.argv[1].encode(), err, 256)
@@ -638,7 +638,7 @@ def green_parts():
 
 
 def _probe():
-    from bullet_trt.sm.doctor import Probe
+    from bullet_trt.tools.doctor import Probe
 
     try:
         return Probe("auto")
@@ -665,7 +665,7 @@ def test_green_split_counts(green_parts):
 @pytest.mark.gpu
 @gpu
 def test_green_split_disjoint_in_one_process(green_parts):
-    from bullet_trt.sm.doctor import measure_in_process
+    from bullet_trt.tools.doctor import measure_in_process
 
     pre, dec = green_parts(), green_parts()
     pre.prepare("prefill", [64])
@@ -721,7 +721,7 @@ def test_triton_kernel_on_green_stream(green_parts):
 
 
 def _mps_child(env_extra: dict) -> dict:
-    code = ("import json, torch; torch.zeros(1, device='cuda'); from bullet_trt.sm import mps; "
+    code = ("import json, torch; torch.zeros(1, device='cuda'); from bullet_trt.spatial.partitioners import mps; "
             "print(json.dumps(dict(mps.mps_client_evidence(0), is_client=mps.is_mps_client(0))))")
     env = {k: v for k, v in os.environ.items() if k != mps.ENV_PCT}
     env.update(env_extra)
@@ -747,7 +747,7 @@ def test_mps_client_detection(tmp_path):
         print(json.dumps({"inside": inside, "outside": outside}))
         assert inside["is_client"] is True and inside["device_attribute_mps_enabled"] is True
         assert outside["is_client"] is False
-        code = ("import torch; torch.zeros(1, device='cuda'); from bullet_trt.sm import mps; "
+        code = ("import torch; torch.zeros(1, device='cuda'); from bullet_trt.spatial.partitioners import mps; "
                 "mps.require_mps_client('decode')")
         env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(tmp_path))
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
@@ -767,7 +767,7 @@ def test_green_split_disjoint_across_mps_clients():
     disjointness is judged by GEMM throughput against the control (both on the group)."""
     if not mps.mps_daemon_running():
         pytest.skip("no MPS daemon at CUDA_MPS_PIPE_DIRECTORY (scripts/gpu_sm_check.sh starts one)")
-    from bullet_trt.sm.doctor import _throughput_lines, measure_cross_process
+    from bullet_trt.tools.doctor import _throughput_lines, measure_cross_process
 
     m = measure_cross_process(0, 64, 50_000, _probe().kind, True, gemm_n=4096, gemm_seconds=1.5)
     assert "verdict" in m, json.dumps(m, default=str)[:4000]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from bullet_trt.workers.stall_watch import StallWatch
+from bullet_trt.engine.stall_watch import StallWatch
 
 
 def test_off_unless_the_environment_sets_a_threshold(monkeypatch):

@@ -75,7 +75,7 @@ def wait_for(cond, timeout: float = 60.0, what: str = "condition"):
 @pytest.fixture(scope="module")
 def frontend(engine_cfg):
     from bullet_trt.model.tokenizer import Tokenizer
-    from bullet_trt.triton.frontend import Frontend, FrontendLimits
+    from bullet_trt.serving.triton.frontend import Frontend, FrontendLimits
     tok = Tokenizer(engine_cfg.tokenizer_path)
     return Frontend(tok, FrontendLimits(max_prompt_len=engine_cfg.max_prompt_len,
                                         max_model_len=engine_cfg.max_model_len,
@@ -125,7 +125,7 @@ def test_frontend_defaults_and_greedy_rule(frontend):
     ({"foo": np.array([[1]], np.int32)}, "unknown input 'foo'"),
 ])
 def test_frontend_rejects_with_field_and_limit(frontend, inputs, expected):
-    from bullet_trt.triton.frontend import RequestError
+    from bullet_trt.serving.triton.frontend import RequestError
     full = {"text_input": _b("Hello")} | inputs if "text_input" not in inputs and inputs != {} else dict(inputs)
     with pytest.raises(RequestError) as e:
         frontend.parse(full)
@@ -144,7 +144,7 @@ def test_frontend_accepts_empty_bad_and_stop_words(frontend):
 # ---------------------------------------------------------------------------------------------
 
 def _fake_install(tmp_path):
-    from bullet_trt.triton.server import STUB, TritonInstall
+    from bullet_trt.serving.triton.server import STUB, TritonInstall
     root = tmp_path / "tritonserver"
     ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
     (root / "python_backend_stubs" / ver).mkdir(parents=True)
@@ -157,7 +157,7 @@ def _fake_install(tmp_path):
 
 
 def test_prepare_backends_copies_the_matching_stub(tmp_path):
-    from bullet_trt.triton.server import STUB, prepare_backends
+    from bullet_trt.serving.triton.server import STUB, prepare_backends
     inst = _fake_install(tmp_path)
     assert prepare_backends(inst) == inst.backends
     assert (inst.backends / "python" / STUB).read_bytes() == inst.stub_for().read_bytes()
@@ -165,7 +165,7 @@ def test_prepare_backends_copies_the_matching_stub(tmp_path):
 
 
 def test_prepare_backends_falls_back_to_a_cache_copy_when_read_only(tmp_path, monkeypatch):
-    from bullet_trt.triton import server
+    from bullet_trt.serving.triton import server
     inst = _fake_install(tmp_path)
     monkeypatch.setenv("BULLET_CACHE_DIR", str(tmp_path / "cache"))
 
@@ -183,7 +183,7 @@ def test_prepare_backends_falls_back_to_a_cache_copy_when_read_only(tmp_path, mo
 
 
 def test_model_parameters_and_engine_dir_resolution(tmp_path, monkeypatch):
-    from bullet_trt.triton.model import model_parameters, resolve_engine_dir
+    from bullet_trt.serving.triton.model import model_parameters, resolve_engine_dir
     cfg = {"parameters": {"engine_dir": {"string_value": "engines/x"},
                           "serve.mode": {"string_value": "chunked"},
                           "kv.block_size": {"string_value": "${unset}"}}}
@@ -223,7 +223,7 @@ def _collect_cb():
 def test_engine_client_streams_aborts_and_rejects(engine_cfg):
     from bullet_trt.engine.request import NewRequest
     from bullet_trt.engine.sampling import SamplingParams
-    from bullet_trt.workers.engine_process import EngineClient
+    from bullet_trt.serving.engine_process import EngineClient
 
     ec = EngineClient(engine_cfg, factory="tests.triton_fixture:FakeCore", stats_interval=0.01).start()
     try:
@@ -254,7 +254,7 @@ def test_engine_client_streams_aborts_and_rejects(engine_cfg):
 def test_engine_client_failure_errors_in_flight_requests(engine_cfg, first_token, expect):
     from bullet_trt.engine.request import NewRequest
     from bullet_trt.engine.sampling import SamplingParams
-    from bullet_trt.workers.engine_process import EngineClient, EngineUnavailable
+    from bullet_trt.serving.engine_process import EngineClient, EngineUnavailable
 
     died = threading.Event()
     ec = EngineClient(engine_cfg, factory="tests.triton_fixture:FakeCore",
@@ -315,7 +315,7 @@ def test_metrics_never_overlap_backend_calls_and_never_raise():
     from types import SimpleNamespace
 
     from bullet_trt.engine.request import EngineStats
-    from bullet_trt.triton.metrics import Metrics
+    from bullet_trt.serving.triton.metrics import Metrics
 
     fam = _OverlapMetricFamily
     fam.inside = fam.most_inside = fam.calls = 0
@@ -553,7 +553,7 @@ def test_bad_inputs_get_errors_while_others_keep_streaming(server):
 
 
 def test_metrics_endpoint_exposes_custom_metrics(server):
-    from bullet_trt.triton.metrics import NAMES
+    from bullet_trt.serving.triton.metrics import NAMES
     text = server.metrics_text()
     for name in NAMES:
         assert f"# TYPE {name} " in text, name

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bullet_trt.triton import process_tree
+from bullet_trt.serving.triton import process_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300
@@ -122,7 +122,7 @@ def pid_alive(pid: int) -> bool:
 
 def start_server(tmp_dir: Path, name: str = "server", overrides: dict | None = None) -> TritonServer:
     """Launches tritonserver and waits until the model is ready (or fails with its log)."""
-    from bullet_trt.triton import server as srv
+    from bullet_trt.serving.triton import server as srv
 
     engine_dir = ensure_default_engine()
     ports = [srv.free_port() for _ in range(3)]

@@ -218,5 +218,5 @@ def create_engine(cfg: EngineConfig) -> EngineCore:
     `static` spatial sharing between a prefill and a decode worker."""
     if cfg.serve.mode == "chunked":
         return EngineCore(cfg, executor="local", token_budget=cfg.serve.chunk_size)
-    from bullet_trt.scheduler.orchestrator import SpatialEngineCore
+    from bullet_trt.spatial.orchestrator import SpatialEngineCore
     return SpatialEngineCore(cfg)

@@ -44,7 +44,7 @@ class WorkerExecutor(Executor):
     """A prefill worker and a decode worker, each its own process with its own session."""
 
     def __init__(self, state, prefill_profile, decode_profile):
-        from bullet_trt.workers.session_worker import SessionWorker
+        from bullet_trt.spatial.session_worker import SessionWorker
         self.prefill_worker = SessionWorker("prefill", state, prefill_profile)
         self.decode_worker = SessionWorker("decode", state, decode_profile)
 

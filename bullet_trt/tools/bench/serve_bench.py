@@ -22,7 +22,7 @@ at which it and every lower rate keep the mean SLO attainment >= 90%; bullet_trt
 capacity.py) and its ratio to the best chunked label: ``slo_attainment_<dataset>.png`` (mean
 SLO attainment and goodput against the rate, one line per label) and
 ``latency_cdf_<dataset>_rate<r>.png`` (TTFT and TPOT CDFs per label). Metric definitions:
-bullet_trt/bench/metrics.py and docs/benchmarking.md.
+bullet_trt/tools/bench/metrics.py and docs/benchmarking.md.
 """
 from __future__ import annotations
 
@@ -39,11 +39,11 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from bullet_trt.cli import parse_sets
-from bullet_trt.bench import capacity
-from bullet_trt.bench import datasets as ds
-from bullet_trt.bench.metrics import RequestRecord, cdf, slo_attainment, summarize
-from bullet_trt.sm.gpu_monitor import TelemetrySampler, summarize_telemetry
+from bullet_trt.tools.cli import parse_sets
+from bullet_trt.tools.bench import capacity
+from bullet_trt.tools.bench import datasets as ds
+from bullet_trt.tools.bench.metrics import RequestRecord, cdf, slo_attainment, summarize
+from bullet_trt.spatial.gpu_monitor import TelemetrySampler, summarize_telemetry
 
 RESULT_KIND = "bullet_trt.serve_bench"
 DEFAULT_TTFT_SLO_MS = 1000.0
@@ -404,7 +404,7 @@ class ManagedServer:
 
     def __init__(self, engine_dir: Path, overrides: dict, log_file: Path, model: str = "bullet",
                  start_timeout_s: float = 900.0):
-        from bullet_trt.triton import server as srv
+        from bullet_trt.serving.triton import server as srv
 
         ports: list[int] = []
         while len(set(ports)) < 3:
@@ -427,7 +427,7 @@ class ManagedServer:
             return ""
 
     def _wait_ready(self, timeout_s: float) -> None:
-        from bullet_trt.triton import server as srv
+        from bullet_trt.serving.triton import server as srv
 
         try:
             srv.wait_until_ready(self.proc, self.url, timeout_s, self.model, self._log_tail)
@@ -487,7 +487,7 @@ def check_server(url: str, model: str) -> None:
 
 def warm_up(url: str, model: str, requests: list[ds.BenchRequest]) -> None:
     """Sends warm-up requests before measuring (first-call costs: graphs, JIT, allocator)."""
-    from bullet_trt.bench.loadgen import LoadGenerator, LoadGenOptions
+    from bullet_trt.tools.bench.loadgen import LoadGenerator, LoadGenOptions
 
     if not requests:
         return
@@ -523,7 +523,7 @@ def telemetry_fields(sampler: TelemetrySampler, arrivals_s: float | None) -> dic
 
 
 def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir: Path) -> list[dict]:
-    from bullet_trt.bench.loadgen import LoadGenerator, LoadGenOptions
+    from bullet_trt.tools.bench.loadgen import LoadGenerator, LoadGenOptions
 
     docs = []
     ttft_slo = args.ttft_slo_ms if args.ttft_slo_ms is not None else DEFAULT_TTFT_SLO_MS
@@ -626,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.start_server and not args.engine_dir:
-        from bullet_trt.triton import server as srv
+        from bullet_trt.serving.triton import server as srv
         args.engine_dir = str(srv.DEFAULT_ENGINE_DIR)
         if not (srv.DEFAULT_ENGINE_DIR / "engine.yaml").is_file():
             sys.path.insert(0, str(srv.PROJECT_ROOT))

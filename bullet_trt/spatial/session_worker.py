@@ -22,8 +22,8 @@ import torch
 import torch.multiprocessing as mp
 
 from bullet_trt.engine.step_failure import device_usable
-from bullet_trt.workers.decode_batch import DecodeStep, PersistentDecodeBatch
-from bullet_trt.workers.gc_freeze import freeze_startup_objects
+from bullet_trt.spatial.decode_batch import DecodeStep, PersistentDecodeBatch
+from bullet_trt.engine.gc_freeze import freeze_startup_objects
 
 
 class WorkerDied(RuntimeError):
@@ -39,7 +39,7 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
         if threads:
             torch.set_num_threads(threads)
         from bullet_trt.engine.shared_state import attach_session
-        from bullet_trt.sm.partitioner import make_partitioner
+        from bullet_trt.spatial.partitioners.base import make_partitioner
         session = attach_session(state, profile)
         device = state.kv_pool.device
         spatial = device.type == "cuda" and partitioner_kind != "none"

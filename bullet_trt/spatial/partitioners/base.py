@@ -104,7 +104,7 @@ def device_index(device) -> int:
     """CUDA ordinal of `device` ("cuda", "cuda:1", torch.device, int)."""
     if isinstance(device, int):
         return device
-    import torch  # noqa: PLC0415 - keep bullet_trt.sm light to import
+    import torch  # noqa: PLC0415 - keep bullet_trt.spatial.partitioners light to import
 
     d = torch.device(device)
     if d.type != "cuda":
@@ -116,7 +116,7 @@ def device_index(device) -> int:
 
 def green_available(device="cuda") -> tuple[bool, str]:
     """(True, "") when green contexts can be created on `device`, else (False, why)."""
-    from bullet_trt.sm import green
+    from bullet_trt.spatial.partitioners import green
 
     return green.green_available(device)
 
@@ -143,22 +143,22 @@ def make_partitioner(kind: str, device="cuda", *, prefill_sms: int | None = None
             ok, _ = green_available(device)
             kind = "green" if ok else "mps"
     if kind == "none":
-        from bullet_trt.sm.none import NonePartitioner
+        from bullet_trt.spatial.partitioners.none import NonePartitioner
 
         return NonePartitioner(device, total_sms=total_sms)
     if cpu:
         raise RuntimeError(f"{SETTING}={kind} needs a CUDA device, but the device is {device!r}; "
                            f"use {SETTING}=none (or auto) on CPU")
     if kind == "green":
-        from bullet_trt.sm.green import GreenPartitioner
+        from bullet_trt.spatial.partitioners.green import GreenPartitioner
 
         return GreenPartitioner(device, require_mps=require_mps)
     if kind == "mps":
-        from bullet_trt.sm.mps import MpsPartitioner
+        from bullet_trt.spatial.partitioners.mps import MpsPartitioner
 
         return MpsPartitioner(device, prefill_sms=prefill_sms, total_sms=total_sms,
                               require_mps=require_mps)
-    from bullet_trt.sm.libsmctrl import LibsmctrlPartitioner
+    from bullet_trt.spatial.partitioners.libsmctrl import LibsmctrlPartitioner
 
     path = libsmctrl_path or os.environ.get("LIBSMCTRL_PATH", "")
     return LibsmctrlPartitioner(device, path, require_mps=require_mps, total_sms=total_sms)

@@ -7,9 +7,9 @@ import importlib
 import sys
 
 KINDS = {
-    "kernels": "bullet_trt.bench.kernel_bench",
-    "serve": "bullet_trt.bench.serve_bench",
-    "hf-peer": "bullet_trt.bench.hf_peer",
+    "kernels": "bullet_trt.tools.bench.kernel_bench",
+    "serve": "bullet_trt.tools.bench.serve_bench",
+    "hf-peer": "bullet_trt.tools.bench.hf_peer",
 }
 
 

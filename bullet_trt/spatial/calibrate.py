@@ -19,7 +19,7 @@ from bullet_trt.config import load_engine_config
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.session import BatchItem, TorchSession
 from bullet_trt.engine.shared_state import build_shared_state
-from bullet_trt.scheduler.perf_model import (PERF_MODEL_FILE, ModelCost, PrefillShape, ProfilePoint,
+from bullet_trt.spatial.perf_model import (PERF_MODEL_FILE, ModelCost, PrefillShape, ProfilePoint,
                                              fit, median_abs_pct_error)
 
 PREFILL_TOKENS = (128, 512, 1024, 2048, 4096)
@@ -90,7 +90,7 @@ def measurement_setup(engine_dir: str | Path, sm_counts, overrides: dict | None 
     """(cfg, state, session, {SM count: stream}) for timing the engine on green partitions:
     random data in the pool (not zeros), prefill as the prefill worker runs it, decode steps
     from the decode profile's graphs, and the whole GPU under its own SM count."""
-    from bullet_trt.sm.partitioner import make_partitioner
+    from bullet_trt.spatial.partitioners.base import make_partitioner
 
     if not torch.cuda.is_available():
         raise RuntimeError("measuring the engine needs a CUDA GPU")

@@ -31,12 +31,12 @@ import numpy as np
 
 from bullet_trt.config import load_engine_config
 from bullet_trt.engine.request import NewRequest, RequestOutput
-from bullet_trt.triton.frontend import Frontend, FrontendLimits, ParsedRequest, RequestError
-from bullet_trt.triton.metrics import Metrics
-from bullet_trt.workers.engine_process import AsyncEngine, EngineClient, EngineUnavailable
-from bullet_trt.workers.gc_freeze import freeze_startup_objects
+from bullet_trt.serving.triton.frontend import Frontend, FrontendLimits, ParsedRequest, RequestError
+from bullet_trt.serving.triton.metrics import Metrics
+from bullet_trt.serving.engine_process import AsyncEngine, EngineClient, EngineUnavailable
+from bullet_trt.engine.gc_freeze import freeze_startup_objects
 
-log = logging.getLogger("bullet_trt.triton")
+log = logging.getLogger("bullet_trt.serving.triton")
 
 ENGINE_DIR_ENV = "BULLET_ENGINE_DIR"
 OVERRIDES_ENV = "BULLET_OVERRIDES"  # JSON object of dotted config keys, set by `bullet-trt serve --set`

@@ -29,8 +29,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from bullet_trt.bench.datasets import BenchRequest
-from bullet_trt.bench.metrics import RequestRecord
+from bullet_trt.tools.bench.datasets import BenchRequest
+from bullet_trt.tools.bench.metrics import RequestRecord
 
 _RID = re.compile(r"\[request id: ([^\]]*)\]")
 

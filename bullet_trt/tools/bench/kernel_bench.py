@@ -15,8 +15,8 @@ import json
 
 import torch
 
-from bullet_trt.scheduler.calibrate import measurement_setup, profile_items, time_ms
-from bullet_trt.scheduler.perf_model import ModelCost, PrefillShape
+from bullet_trt.spatial.calibrate import measurement_setup, profile_items, time_ms
+from bullet_trt.spatial.perf_model import ModelCost, PrefillShape
 
 
 def copy_gbs(stream) -> float:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bullet_trt.scheduler.perf_model import PerfModel, PrefillShape
+from bullet_trt.spatial.perf_model import PerfModel, PrefillShape
 
 
 @dataclass

@@ -28,10 +28,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from bullet_trt.sm.partitioner import SETTING, Partitioner, device_index
+from bullet_trt.spatial.partitioners.base import SETTING, Partitioner, device_index
 
 SYSTEM_PIPE_DIR = "/tmp/nvidia-mps"  # the driver's default when CUDA_MPS_PIPE_DIRECTORY is unset
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 ENV_PCT = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 ENV_TOTAL = "BULLET_MPS_TOTAL_SMS"
 ENV_PREFILL = "BULLET_MPS_PREFILL_SMS"
@@ -140,7 +140,7 @@ def stop_mps_daemon(pipe_dir: str | None = None) -> None:
 def _mps_attribute(index: int) -> bool:
     from cuda.bindings import driver as drv
 
-    from bullet_trt.sm.green import check
+    from bullet_trt.spatial.partitioners.green import check
 
     check(drv.cuInit(0), "cuInit")
     dev = check(drv.cuDeviceGet(index), f"cuDeviceGet({index})")

@@ -34,7 +34,7 @@ class NativeLibraryMissing(RuntimeError):
 
 def native_dir() -> Path:
     env = os.environ.get("BULLET_NATIVE_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "native"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "native"
 
 
 def _load(name: str, what: str) -> ctypes.CDLL:

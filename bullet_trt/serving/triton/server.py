@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
 DEFAULT_ENGINE_DIR = PROJECT_ROOT / "engines" / "default"
 CACHE_ENV = "BULLET_CACHE_DIR"

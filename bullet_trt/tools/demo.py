@@ -21,7 +21,7 @@ PROMPT = "Prefill and decode can share one GPU when"
 
 
 def ensure_engine(engine_dir: str | None) -> Path:
-    from bullet_trt.triton import server
+    from bullet_trt.serving.triton import server
     if engine_dir:
         return Path(engine_dir)
     path = server.DEFAULT_ENGINE_DIR
@@ -70,7 +70,7 @@ def stream_request(grpc_url: str, prompt: str, max_tokens: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bullet_trt.triton import server
+    from bullet_trt.serving.triton import server
     ap = argparse.ArgumentParser(prog="bullet-trt demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine-dir")

@@ -1,6 +1,6 @@
 """bullet-trt doctor: what this GPU offers for SM partitioning, and a measurement.
 
-    python -m bullet_trt.sm.doctor [--json out.json] [--prefill-sms 64] [--cross-process auto]
+    python -m bullet_trt.tools.doctor [--json out.json] [--prefill-sms 64] [--cross-process auto]
                                    [--gemm-n 4096] [--gemm-seconds 2]
 
 Reports the GPU (name, driver/CUDA versions, SMs, memory and utilization from NVML),
@@ -39,8 +39,8 @@ import time
 import traceback
 from typing import Any
 
-from bullet_trt.sm import native
-from bullet_trt.sm.partitioner import KINDS, make_partitioner
+from bullet_trt.spatial.partitioners import native
+from bullet_trt.spatial.partitioners.base import KINDS, make_partitioner
 
 GAP_NS = 20_000  # same threshold as native/smid_probe.cu
 OVERLAP_MIN = 0.8
@@ -292,7 +292,7 @@ def gpu_info(index: int) -> dict[str, Any]:
         "torch": torch.__version__, "torch_cuda": torch.version.cuda,
     }
     try:
-        from bullet_trt.sm.green import driver_version
+        from bullet_trt.spatial.partitioners.green import driver_version
 
         v = driver_version()
         info["cuda_driver_version"] = f"{v // 1000}.{v % 1000 // 10}"
@@ -350,7 +350,7 @@ def nvml_info(index: int) -> dict[str, Any]:
 
 
 def mps_info(index: int) -> dict[str, Any]:
-    from bullet_trt.sm import mps
+    from bullet_trt.spatial.partitioners import mps
 
     info = mps.mps_client_evidence(index)
     info["is_client"] = mps.is_mps_client(index)
@@ -439,8 +439,8 @@ def _cross_child(role: str, index: int, split: int, spin_us: int, probe_kind: st
     try:
         import torch
 
-        from bullet_trt.sm.green import GreenPartitioner
-        from bullet_trt.sm.mps import is_mps_client
+        from bullet_trt.spatial.partitioners.green import GreenPartitioner
+        from bullet_trt.spatial.partitioners.mps import is_mps_client
 
         torch.cuda.set_device(index)
         device = f"cuda:{index}"
@@ -622,7 +622,7 @@ def run_doctor(device="auto", partitioner_kind: str = "auto", json_out: str | No
                      "time-slice (start one with scripts/start_mps.sh)")
     report["partitioners"] = partitioner_availability(device, libsmctrl_path, prefill_sms)
 
-    from bullet_trt.sm.green import GreenPartitioner
+    from bullet_trt.spatial.partitioners.green import GreenPartitioner
 
     try:
         # Every split for the prefill role (what a worker prepares at start-up; each split's
@@ -860,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run through the imported module so spawned children unpickle bullet_trt.sm.doctor._cross_child.
-    from bullet_trt.sm.doctor import main as _main
+    # Run through the imported module so spawned children unpickle bullet_trt.tools.doctor._cross_child.
+    from bullet_trt.tools.doctor import main as _main
 
     sys.exit(_main())

@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bullet_trt.sm import native
-from bullet_trt.sm.partitioner import SETTING, Partitioner, device_index
+from bullet_trt.spatial.partitioners import native
+from bullet_trt.spatial.partitioners.base import SETTING, Partitioner, device_index
 
 PATH_SETTING = "serve.libsmctrl_path"
 SMS_PER_TPC = 2  # Volta through Hopper
@@ -87,7 +87,7 @@ class LibsmctrlPartitioner(Partitioner):
         import torch
         from cuda.bindings import runtime as rt
 
-        from bullet_trt.sm.green import check
+        from bullet_trt.spatial.partitioners.green import check
 
         check(rt.cudaSetDevice(self.index), "cudaSetDevice")
         handle = check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreateWithFlags")
@@ -100,7 +100,7 @@ class LibsmctrlPartitioner(Partitioner):
         role = self.check_role(role)
         wanted = self.validate_splits(self.splits() if splits is None else splits)
         if self.require_mps:
-            from bullet_trt.sm.mps import require_mps_client
+            from bullet_trt.spatial.partitioners.mps import require_mps_client
 
             require_mps_client(role, self.index, f"{SETTING}=libsmctrl")
         self.role = role

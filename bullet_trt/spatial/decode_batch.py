@@ -11,7 +11,7 @@ produce a token; the orchestrator grants blocks a little ahead so that rows rare
 Prompts can ride along too: the orchestrator may hand the worker whole prompts to prefill
 inside its next step, on the GPU share decode runs on, so that they share the step's pass
 over the weights instead of running beside it on a partition of their own (the fused path
-of `bullet_trt/scheduler/policy.py`). Their results come back with that step.
+of `bullet_trt/spatial/policy.py`). Their results come back with that step.
 
 A row that leaves may have stepped once or twice more than the orchestrator accepted; those
 tokens are dropped there. Its KV blocks are freed only after the worker acknowledges the

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bullet_trt.sm.partitioner import SETTING, Partitioner, device_index
+from bullet_trt.spatial.partitioners.base import SETTING, Partitioner, device_index
 
 MIN_DRIVER = 12040  # green contexts need a CUDA 12.4 driver
 _AVAILABLE: dict[int, tuple[bool, str]] = {}
@@ -177,7 +177,7 @@ class GreenPartitioner(Partitioner):
         if self.role is not None and self.role != role:
             raise RuntimeError(f"green partitioner already prepared for {self.role!r}, not {role!r}")
         if self.require_mps:
-            from bullet_trt.sm.mps import require_mps_client
+            from bullet_trt.spatial.partitioners.mps import require_mps_client
 
             require_mps_client(role, self.index)
         self.role = role

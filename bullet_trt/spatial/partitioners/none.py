@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bullet_trt.sm.partitioner import Partitioner
+from bullet_trt.spatial.partitioners.base import Partitioner
 
 
 class NonePartitioner(Partitioner):

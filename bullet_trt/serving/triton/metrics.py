@@ -31,7 +31,7 @@ import threading
 
 from bullet_trt.engine.request import EngineStats
 
-log = logging.getLogger("bullet_trt.triton")
+log = logging.getLogger("bullet_trt.serving.triton")
 
 TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0]

@@ -36,8 +36,8 @@ import traceback
 from typing import Any, Callable
 
 from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput, coalesce
-from bullet_trt.workers.gc_freeze import freeze_startup_objects
-from bullet_trt.workers.stall_watch import StallWatch
+from bullet_trt.engine.gc_freeze import freeze_startup_objects
+from bullet_trt.engine.stall_watch import StallWatch
 
 log = logging.getLogger("bullet_trt.engine_process")
 

@@ -22,13 +22,13 @@ from bullet_trt.config import ConfigError, EngineConfig
 from bullet_trt.engine.core import EngineCore
 from bullet_trt.engine.sequence import Sequence, SeqStatus
 from bullet_trt.engine.batch_scheduler import ScheduledChunk
-from bullet_trt.scheduler.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel, PrefillShape
-from bullet_trt.scheduler.policy import (Decision, PolicyState, SloConfig, WaitingPrompt,
+from bullet_trt.spatial.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel, PrefillShape
+from bullet_trt.spatial.policy import (Decision, PolicyState, SloConfig, WaitingPrompt,
                                          bullet_policy, static_policy)
 from bullet_trt.engine.session import SampleResult
 from bullet_trt.engine.step_failure import FailureStreak, last_line, report
-from bullet_trt.workers.decode_batch import DecodeStep, DecodeUpdate
-from bullet_trt.workers.session_worker import SessionWorker, WorkerDied
+from bullet_trt.spatial.decode_batch import DecodeStep, DecodeUpdate
+from bullet_trt.spatial.session_worker import SessionWorker, WorkerDied
 
 _NOT_SENT = object()
 
@@ -65,7 +65,7 @@ class SpatialQueues:
 class SpatialEngineCore(EngineCore):
     def __init__(self, cfg: EngineConfig):
         super().__init__(cfg, executor="none")
-        from bullet_trt.sm.partitioner import make_partitioner
+        from bullet_trt.spatial.partitioners.base import make_partitioner
 
         s = cfg.serve
         device = self.state.kv_pool.device
@@ -119,7 +119,7 @@ class SpatialEngineCore(EngineCore):
         self.sent_split: object = _NOT_SENT
         self.lookahead_tokens = 4
         self.log = open(s.iteration_log, "a") if s.iteration_log else None
-        from bullet_trt.sm.gpu_monitor import GpuMonitor
+        from bullet_trt.spatial.gpu_monitor import GpuMonitor
         gpu_index = (device.index or 0) if device.type == "cuda" else None
         self.gpu_monitor = GpuMonitor(gpu_index)
         self.t0 = time.monotonic()

@@ -29,14 +29,14 @@ import threading
 import time
 from pathlib import Path
 
-from bullet_trt.bench import datasets as ds
-from bullet_trt.bench.loadgen import Progress
-from bullet_trt.bench.metrics import RequestRecord
-from bullet_trt.bench.serve_bench import (DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS, ProgressPrinter,
+from bullet_trt.tools.bench import datasets as ds
+from bullet_trt.tools.bench.loadgen import Progress
+from bullet_trt.tools.bench.metrics import RequestRecord
+from bullet_trt.tools.bench.serve_bench import (DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS, ProgressPrinter,
                                           add_workload_args, dataset_name, format_row, rebuild_report,
                                           telemetry_fields, warmup_requests, workloads_from_args,
                                           write_result)
-from bullet_trt.sm.gpu_monitor import TelemetrySampler
+from bullet_trt.spatial.gpu_monitor import TelemetrySampler
 
 
 # -- model --------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def parse_sets(items: list[str] | None) -> dict[str, str]:
 
 def cmd_serve(args) -> int:
     from bullet_trt.config import load_engine_config
-    from bullet_trt.triton import server
+    from bullet_trt.serving.triton import server
 
     overrides = parse_sets(args.set)
     if args.engine_dir:
@@ -78,7 +78,7 @@ def _serve_with_own_mps(cmd: list[str], env: dict[str, str]) -> int:
     import signal
     import subprocess
 
-    from bullet_trt.sm.mps import start_mps_daemon, stop_mps_daemon
+    from bullet_trt.spatial.partitioners.mps import start_mps_daemon, stop_mps_daemon
 
     mps_env = start_mps_daemon()
     env = {**env, **mps_env}
@@ -127,10 +127,10 @@ def cmd_generate(args) -> int:
 # name -> (candidate modules, help). A module provides main(argv) -> int; the arguments after
 # the subcommand go to it unchanged. Modules are imported only when their command runs.
 EXTERNAL = {
-    "bench": (("bullet_trt.bench.cli",), "load generator and benchmarks against a running server"),
-    "doctor": (("bullet_trt.sm.doctor",), "check the machine: GPU, MPS, SM partitioning"),
-    "plot": (("bullet_trt.bench.plot", "bullet_trt.bench.plot_iterations"), "plot benchmark / iteration logs"),
-    "demo": (("bullet_trt.triton.demo",), "serve an engine and answer a sample request (default: the embedded model)"),
+    "bench": (("bullet_trt.tools.bench.cli",), "load generator and benchmarks against a running server"),
+    "doctor": (("bullet_trt.tools.doctor",), "check the machine: GPU, MPS, SM partitioning"),
+    "plot": (("bullet_trt.tools.bench.plot", "bullet_trt.tools.bench.plot_iterations"), "plot benchmark / iteration logs"),
+    "demo": (("bullet_trt.tools.demo",), "serve an engine and answer a sample request (default: the embedded model)"),
 }
 
 
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run_external(argparse.Namespace(command=argv[0], external_module=module, rest=argv[1:]))
     args = build_parser().parse_args(argv)
     if getattr(args, "model_repository", "unset") is None:
-        from bullet_trt.triton.server import DEFAULT_MODEL_REPOSITORY
+        from bullet_trt.serving.triton.server import DEFAULT_MODEL_REPOSITORY
         args.model_repository = DEFAULT_MODEL_REPOSITORY
     return int(args.func(args) or 0)
 
