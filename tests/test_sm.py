@@ -2,7 +2,7 @@
 
 CPU tests check the interface, every start-up error, the MPS scripts (against a fake
 nvidia-cuda-mps-control), the native build and the doctor's verdicts. GPU tests (`-m gpu`,
-run by scripts/gpu_sm_check.sh) check green-split disjointness: in one process with the
+run by scripts/gpu_run.sh) check green-split disjointness: in one process with the
 SM-id probe, across two MPS clients with GEMM throughput (%smid is renumbered per MPS
 client, so SM ids prove nothing there), and MPS client detection.
 """
@@ -19,13 +19,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from bullet_trt.spatial.partitioners import mps, native
-from bullet_trt.spatial.partitioners import doctor
-from bullet_trt.tools.doctor import compare, main as doctor_main, run_doctor, summarize, throughput_verdict
+from bullet_trt.spatial.partitioners import Partitioner, cuda_driver, make_partitioner, mps, mps_daemon, native
 from bullet_trt.spatial.partitioners.green import GreenPartitioner
 from bullet_trt.spatial.partitioners.libsmctrl import LibsmctrlPartitioner
 from bullet_trt.spatial.partitioners.none import NonePartitioner
-from bullet_trt.spatial.partitioners.base import Partitioner, make_partitioner
+from bullet_trt.tools import doctor
+from bullet_trt.tools.doctor import compare, main as doctor_main, run_doctor, summarize, throughput_verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -183,7 +182,7 @@ def fake_green(monkeypatch):
     from bullet_trt.spatial.partitioners import green
 
     drv = _FakeDriver()
-    monkeypatch.setattr(green, "_driver", lambda: drv)
+    monkeypatch.setattr(cuda_driver, "driver", lambda: drv)
     monkeypatch.setattr(green, "_AVAILABLE", {})
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_stream_from_external", lambda ptr, device=None: _FakeStream(("green", ptr)))
@@ -225,7 +224,7 @@ def fake_mps_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(mps, "_device_sms", lambda index: 132)
     monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: ("default", device))
-    for k in (mps.ENV_PCT, mps.ENV_TOTAL, mps.ENV_PREFILL):
+    for k in (mps_daemon.ENV_PCT, mps_daemon.ENV_TOTAL, mps_daemon.ENV_PREFILL):
         monkeypatch.delenv(k, raising=False)
 
 
@@ -410,19 +409,20 @@ def test_native_missing_names_make(monkeypatch, tmp_path):
 
 # ----------------------------------------------------------------------------- MPS
 def test_mps_scripts_parse():
-    for name in ("start_mps.sh", "kill_mps.sh", "gpu_sm_check.sh"):
+    for name in ("start_mps.sh", "kill_mps.sh", "gpu_run.sh"):
         r = subprocess.run(["bash", "-n", str(SCRIPTS / name)], capture_output=True, text=True)
         assert r.returncode == 0, f"{name}: {r.stderr}"
 
 
 def test_mps_worker_env():
-    assert mps.mps_percentages(64, 132) == (49, 52)
-    env = mps.worker_env("prefill", 64, 132)
-    assert env[mps.ENV_PCT] == "49" and env[mps.ENV_TOTAL] == "132" and env[mps.ENV_PREFILL] == "64"
-    assert mps.worker_env("decode", 64, 132)[mps.ENV_PCT] == "52"
-    assert mps.worker_env("decode", None, 132)[mps.ENV_PCT] == "100"
+    d = mps_daemon
+    assert d.mps_percentages(64, 132) == (49, 52)
+    env = d.worker_env("prefill", 64, 132)
+    assert env[d.ENV_PCT] == "49" and env[d.ENV_TOTAL] == "132" and env[d.ENV_PREFILL] == "64"
+    assert d.worker_env("decode", 64, 132)[d.ENV_PCT] == "52"
+    assert d.worker_env("decode", None, 132)[d.ENV_PCT] == "100"
     with pytest.raises(ValueError):
-        mps.worker_env("both", 64, 132)
+        d.worker_env("both", 64, 132)
 
 
 FAKE_MPS = textwrap.dedent("""\
@@ -463,7 +463,7 @@ def _script(name: str) -> subprocess.CompletedProcess:
 
 
 def test_mps_scripts_idempotent(fake_mps):
-    assert not mps.mps_daemon_running(str(fake_mps))
+    assert not mps_daemon.mps_daemon_running(str(fake_mps))
     r = _script("start_mps.sh")
     assert r.returncode == 0, r.stderr
     assert "MPS daemon started" in r.stderr
@@ -471,21 +471,21 @@ def test_mps_scripts_idempotent(fake_mps):
     r = _script("start_mps.sh")
     assert r.returncode == 0 and "already running" in r.stderr
     assert (fake_mps / ".starts").read_text().count("started") == 1
-    assert mps.mps_daemon_running() and mps.mps_daemon_running(str(fake_mps))
-    assert mps.mps_server_pids() == [4242] and mps.mps_client_pids() == [111, 222]
+    assert mps_daemon.mps_daemon_running() and mps_daemon.mps_daemon_running(str(fake_mps))
+    assert mps_daemon.mps_server_pids() == [4242] and mps_daemon.mps_client_pids() == [111, 222]
     r = _script("kill_mps.sh")
     assert r.returncode == 0 and "stopped" in r.stderr, r.stderr
     r = _script("kill_mps.sh")
     assert r.returncode == 0 and "no MPS daemon running" in r.stderr
-    assert not mps.mps_daemon_running()
+    assert not mps_daemon.mps_daemon_running()
 
 
 def test_mps_python_wrappers(fake_mps):
-    env = mps.start_mps_daemon(str(fake_mps), str(fake_mps.parent / "log"))
+    env = mps_daemon.start_mps_daemon(str(fake_mps), str(fake_mps.parent / "log"))
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(fake_mps)
-    assert mps.mps_daemon_running(str(fake_mps))
-    mps.stop_mps_daemon(str(fake_mps))
-    assert not mps.mps_daemon_running(str(fake_mps))
+    assert mps_daemon.mps_daemon_running(str(fake_mps))
+    mps_daemon.stop_mps_daemon(str(fake_mps))
+    assert not mps_daemon.mps_daemon_running(str(fake_mps))
 
 
 def test_mps_scripts_without_binary(tmp_path):
@@ -497,16 +497,16 @@ def test_mps_scripts_without_binary(tmp_path):
 
 
 def test_mps_daemon_running_without_pipe(tmp_path):
-    assert not mps.mps_daemon_running(str(tmp_path))
+    assert not mps_daemon.mps_daemon_running(str(tmp_path))
 
 
 def test_require_mps_client_message(monkeypatch, tmp_path):
-    monkeypatch.setattr(mps, "is_mps_client", lambda device=0: False)
+    monkeypatch.setattr(mps_daemon, "is_mps_client", lambda device=0: False)
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
     with pytest.raises(RuntimeError, match=r"serve\.partitioner=green needs the MPS daemon: start it with "
                                            r"scripts/start_mps.sh or `bullet-trt serve --start-mps`; without "
                                            r"MPS two processes only time-slice"):
-        mps.require_mps_client("decode")
+        mps_daemon.require_mps_client("decode")
 
 
 # ----------------------------------------------------------------------------- doctor
@@ -591,25 +591,77 @@ def test_cross_process_report_format():
 
 
 def test_gemm_loop_on_cpu(monkeypatch):
-    """The GEMM loop's counting and timing, with CPU tensors and fake CUDA events."""
+    """The GEMM loop's start, stop and in-flight bookkeeping, with CPU tensors, fake CUDA events
+    and a fake clock that only the GEMMs and the start wait move, so nothing here depends on
+    how fast this machine is."""
     import contextlib
 
     import torch
 
+    class Clock:
+        def __init__(self, now):
+            self.now, self.sleeps = now, 0
+
+        def time(self):
+            return self.now
+
+        perf_counter = time
+
+        def sleep(self, s):
+            self.sleeps += 1
+            self.now += s
+
+    clock, log = Clock(100.0), []
+
     class Ev:
+        made = 0
+
+        def __init__(self):
+            self.id, Ev.made = Ev.made, Ev.made + 1
+
         def record(self, stream=None):
-            pass
+            log.append(("record", self.id, clock.now))
 
         def synchronize(self):
-            pass
+            log.append(("sync", self.id))
 
+    real_mm = torch.mm
+
+    def mm(a, b, out=None):
+        log.append(("mm", clock.now))
+        clock.now += 1 / 64  # what one GEMM costs on the fake clock
+        return real_mm(a, b, out=out)
+
+    monkeypatch.setattr(doctor, "time", clock)
+    monkeypatch.setattr(torch, "mm", mm)
     monkeypatch.setattr(torch.cuda, "Event", Ev)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     ops = tuple(torch.ones((32, 32), dtype=torch.bfloat16) for _ in range(3))
-    r = doctor.gemm_loop(None, ops, 0.05, start_at=doctor.time.time() + 0.02, batch=4)
-    assert r["iters"] > 0 and r["iters"] % 4 == 0 and r["seconds"] >= 0.05
-    assert r["it_per_s"] == pytest.approx(r["iters"] / r["seconds"], rel=1e-2)
-    assert r["end"] > r["start"] and float(ops[2][0, 0]) == 32.0
+    start_at, seconds, batch = 100.01, 0.5, 4
+    r = doctor.gemm_loop(None, ops, seconds, start_at=start_at, batch=batch)
+
+    # it waited for the common start, and no GEMM was queued before it
+    mm_times = [e[1] for e in log if e[0] == "mm"]
+    assert clock.sleeps > 0 and r["start"] >= start_at and min(mm_times) >= start_at
+    # every queued GEMM is counted, in whole batches, and the GEMMs really ran
+    records = [e for e in log if e[0] == "record"]
+    n = len(records)
+    assert len(mm_times) == r["iters"] == batch * n and n > 3
+    assert float(ops[2][0, 0]) == 32.0
+    # it stopped at the first batch queued once `seconds` had passed, not before or after
+    assert records[-1][2] - r["start"] >= seconds > records[-2][2] - r["start"]
+    # at most 3 batches wait in flight; each is synchronized once, oldest first, before it returns
+    expected = []
+    for k in range(n):
+        expected.append(("record", k))
+        if k >= 3:
+            expected.append(("sync", k - 3))
+    expected += [("sync", k) for k in range(n - 3, n)]
+    assert [e[:2] for e in log if e[0] != "mm"] == expected
+    # the report is the fake clock's span over the counted GEMMs
+    span = clock.now - r["start"]
+    assert r["seconds"] == round(span, 4) and r["it_per_s"] == round(r["iters"] / span, 1)
+    assert r["end"] == r["start"] + span
 
 
 def test_doctor_on_cpu(tmp_path, capsys):
@@ -721,9 +773,10 @@ def test_triton_kernel_on_green_stream(green_parts):
 
 
 def _mps_child(env_extra: dict) -> dict:
-    code = ("import json, torch; torch.zeros(1, device='cuda'); from bullet_trt.spatial.partitioners import mps; "
-            "print(json.dumps(dict(mps.mps_client_evidence(0), is_client=mps.is_mps_client(0))))")
-    env = {k: v for k, v in os.environ.items() if k != mps.ENV_PCT}
+    code = ("import json, torch; torch.zeros(1, device='cuda'); "
+            "from bullet_trt.spatial.partitioners import mps_daemon as d; "
+            "print(json.dumps(dict(d.mps_client_evidence(0), is_client=d.is_mps_client(0))))")
+    env = {k: v for k, v in os.environ.items() if k != mps_daemon.ENV_PCT}
     env.update(env_extra)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
                        timeout=120)
@@ -736,10 +789,10 @@ def _mps_child(env_extra: dict) -> dict:
 def test_mps_client_detection(tmp_path):
     if shutil.which("nvidia-cuda-mps-control") is None:
         pytest.skip("nvidia-cuda-mps-control not on PATH")
-    pipe, log = mps.private_dirs()
+    pipe, log = mps_daemon.private_dirs()
     started = False
-    if not mps.mps_daemon_running(pipe):
-        mps.start_mps_daemon(pipe, log)
+    if not mps_daemon.mps_daemon_running(pipe):
+        mps_daemon.start_mps_daemon(pipe, log)
         started = True
     try:
         inside = _mps_child({"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": log})
@@ -747,15 +800,15 @@ def test_mps_client_detection(tmp_path):
         print(json.dumps({"inside": inside, "outside": outside}))
         assert inside["is_client"] is True and inside["device_attribute_mps_enabled"] is True
         assert outside["is_client"] is False
-        code = ("import torch; torch.zeros(1, device='cuda'); from bullet_trt.spatial.partitioners import mps; "
-                "mps.require_mps_client('decode')")
+        code = ("import torch; torch.zeros(1, device='cuda'); from bullet_trt.spatial.partitioners import mps_daemon; "
+                "mps_daemon.require_mps_client('decode')")
         env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(tmp_path))
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
                            timeout=120)
         assert r.returncode != 0 and "needs the MPS daemon" in r.stderr, r.stderr
     finally:
         if started:
-            mps.stop_mps_daemon(pipe)
+            mps_daemon.stop_mps_daemon(pipe)
 
 
 @pytest.mark.gpu
@@ -764,9 +817,11 @@ def test_green_split_disjoint_across_mps_clients():
     """Prefill on the group, decode on the remainder of one split, in two MPS clients.
 
     %smid is renumbered per MPS client (H200: [0-63] and [0-67] for disjoint partitions), so
-    disjointness is judged by GEMM throughput against the control (both on the group)."""
-    if not mps.mps_daemon_running():
-        pytest.skip("no MPS daemon at CUDA_MPS_PIPE_DIRECTORY (scripts/gpu_sm_check.sh starts one)")
+    the doctor judges disjointness by GEMM throughput against the control (both on the group).
+    The thresholds of that verdict are checked on fixed numbers in test_throughput_verdict;
+    here the order of the phases and the verdict's states are asserted, not rates or times."""
+    if not mps_daemon.mps_daemon_running():
+        pytest.skip("no MPS daemon at CUDA_MPS_PIPE_DIRECTORY (scripts/gpu_run.sh starts one)")
     from bullet_trt.tools.doctor import _throughput_lines, measure_cross_process
 
     m = measure_cross_process(0, 64, 50_000, _probe().kind, True, gemm_n=4096, gemm_seconds=1.5)
@@ -774,9 +829,11 @@ def test_green_split_disjoint_across_mps_clients():
     print("\n".join(_throughput_lines(m["throughput"])))
     print(json.dumps({"smid": m["smid_verdict"], "verdict": m["verdict"]}, default=str))
     assert all(m["mps_clients"].values()), m["mps_clients"]
+    rec = m["throughput"]["records"]
+    assert all(r["iters"] > 0 for side in rec.values() for r in side.values()), rec
+    for phase in ("split", "control"):  # run side by side: each began before the other ended
+        pf, dc = rec["prefill"][phase], rec["decode"][phase]
+        assert pf["start"] < dc["end"] and dc["start"] < pf["end"], (phase, pf, dc)
     v = m["verdict"]
-    assert v["window_overlap_fraction"] >= 0.8, v
-    assert v["together_vs_control"] >= 1.3, v
-    assert v["group_keeps_vs_alone"] >= 0.6 and v["remainder_keeps_vs_alone"] >= 0.6, v
-    assert v["disjoint"], v
-    assert v["concurrent"], v
+    assert v["disjoint"] is True, v
+    assert v["concurrent"] is True, v

@@ -39,8 +39,8 @@ import time
 import traceback
 from typing import Any
 
-from bullet_trt.spatial.partitioners import native
-from bullet_trt.spatial.partitioners.base import KINDS, make_partitioner
+from bullet_trt.spatial.partitioners import make_partitioner, native
+from bullet_trt.spatial.partitioners.base import KINDS
 
 GAP_NS = 20_000  # same threshold as native/smid_probe.cu
 OVERLAP_MIN = 0.8
@@ -292,7 +292,7 @@ def gpu_info(index: int) -> dict[str, Any]:
         "torch": torch.__version__, "torch_cuda": torch.version.cuda,
     }
     try:
-        from bullet_trt.spatial.partitioners.green import driver_version
+        from bullet_trt.spatial.partitioners.cuda_driver import driver_version
 
         v = driver_version()
         info["cuda_driver_version"] = f"{v // 1000}.{v % 1000 // 10}"
@@ -350,12 +350,12 @@ def nvml_info(index: int) -> dict[str, Any]:
 
 
 def mps_info(index: int) -> dict[str, Any]:
-    from bullet_trt.spatial.partitioners import mps
+    from bullet_trt.spatial.partitioners import mps_daemon
 
-    info = mps.mps_client_evidence(index)
-    info["is_client"] = mps.is_mps_client(index)
-    info["private_pipe_dir"], info["private_log_dir"] = mps.private_dirs()
-    info["active_thread_percentage"] = os.environ.get(mps.ENV_PCT)
+    info = mps_daemon.mps_client_evidence(index)
+    info["is_client"] = mps_daemon.is_mps_client(index)
+    info["private_pipe_dir"], info["private_log_dir"] = mps_daemon.private_dirs()
+    info["active_thread_percentage"] = os.environ.get(mps_daemon.ENV_PCT)
     return info
 
 
@@ -440,7 +440,7 @@ def _cross_child(role: str, index: int, split: int, spin_us: int, probe_kind: st
         import torch
 
         from bullet_trt.spatial.partitioners.green import GreenPartitioner
-        from bullet_trt.spatial.partitioners.mps import is_mps_client
+        from bullet_trt.spatial.partitioners.mps_daemon import is_mps_client
 
         torch.cuda.set_device(index)
         device = f"cuda:{index}"

@@ -1,24 +1,9 @@
-"""SM partitioners: give prefill and decode each their own share of the GPU's SMs.
+"""The partitioner interface and the names every partitioner shares.
 
-One interface, four implementations (bullet_trt/sm/{green,libsmctrl,mps,none}.py):
-
-    part = make_partitioner(cfg.serve.partitioner, device)   # in the worker process
-    part.prepare("decode", part.splits())                     # once, at start-up
-    ...
-    with torch.cuda.stream(part.stream(prefill_sms)):        # every iteration
-        run_decode_step()
-
-`stream(prefill_sms)` returns the stream this role's work must run on while prefill
-holds `prefill_sms` SMs and decode the rest. All streams are created in `prepare`;
-`stream()` is a dictionary lookup. Work queued on different streams is not ordered:
-when a role moves from one split's stream to another's, make the new stream wait for
-the old one (`new.wait_stream(old)`) or for an event recorded on it. CUDA graphs are
-bound to the SM set of the stream they were captured on (docs/partitioning.md), so
-capture decode graphs once per split, each on that split's stream.
+Nothing here imports an implementation: factory.py builds them, and they all import this.
 """
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -96,10 +81,6 @@ class Partitioner(ABC):
         return f"{type(self).__name__}(total_sms={self.total_sms}, role={self.role!r})"
 
 
-def _is_cpu(device) -> bool:
-    return str(device).split(":")[0] == "cpu"
-
-
 def device_index(device) -> int:
     """CUDA ordinal of `device` ("cuda", "cuda:1", torch.device, int)."""
     if isinstance(device, int):
@@ -112,53 +93,3 @@ def device_index(device) -> int:
     if d.index is not None:
         return d.index
     return torch.cuda.current_device() if torch.cuda.is_available() else 0
-
-
-def green_available(device="cuda") -> tuple[bool, str]:
-    """(True, "") when green contexts can be created on `device`, else (False, why)."""
-    from bullet_trt.spatial.partitioners import green
-
-    return green.green_available(device)
-
-
-def make_partitioner(kind: str, device="cuda", *, prefill_sms: int | None = None,
-                     libsmctrl_path: str | None = None, require_mps: bool = False,
-                     total_sms: int | None = None) -> Partitioner:
-    """Builds the partitioner named by serve.partitioner.
-
-    kind: auto | green | libsmctrl | mps | none. auto is none on CPU, green where green
-    contexts work, else mps. prefill_sms is the static split (serve.static_prefill_sms)
-    for mps; libsmctrl_path (serve.libsmctrl_path, else env LIBSMCTRL_PATH) for libsmctrl.
-    require_mps makes prepare() refuse to run outside an MPS client (two worker
-    processes without MPS only time-slice).
-    """
-    kind = (kind or "auto").strip().lower()
-    if kind not in KINDS:
-        raise ValueError(f"{SETTING} must be one of {', '.join(KINDS)}, got {kind!r}")
-    cpu = _is_cpu(device)
-    if kind == "auto":
-        if cpu:
-            kind = "none"
-        else:
-            ok, _ = green_available(device)
-            kind = "green" if ok else "mps"
-    if kind == "none":
-        from bullet_trt.spatial.partitioners.none import NonePartitioner
-
-        return NonePartitioner(device, total_sms=total_sms)
-    if cpu:
-        raise RuntimeError(f"{SETTING}={kind} needs a CUDA device, but the device is {device!r}; "
-                           f"use {SETTING}=none (or auto) on CPU")
-    if kind == "green":
-        from bullet_trt.spatial.partitioners.green import GreenPartitioner
-
-        return GreenPartitioner(device, require_mps=require_mps)
-    if kind == "mps":
-        from bullet_trt.spatial.partitioners.mps import MpsPartitioner
-
-        return MpsPartitioner(device, prefill_sms=prefill_sms, total_sms=total_sms,
-                              require_mps=require_mps)
-    from bullet_trt.spatial.partitioners.libsmctrl import LibsmctrlPartitioner
-
-    path = libsmctrl_path or os.environ.get("LIBSMCTRL_PATH", "")
-    return LibsmctrlPartitioner(device, path, require_mps=require_mps, total_sms=total_sms)

@@ -4,7 +4,8 @@ For every prefill SM count s, ONE `cuDevSmResourceSplitByCount(1, device_sms, 0,
 call yields a group of >= s SMs and the remainder. The prefill role builds its green
 context on the group, the decode role on the remainder. Within one split the two are
 disjoint; the split is deterministic, so the prefill process's group and the decode
-process's remainder are disjoint too (measured under MPS, DESIGN.md section 2).
+process's remainder are disjoint too (measured under MPS: docs/partitioning.md,
+"Measured: group and remainder in two MPS clients").
 Two groups from two separate calls are the SAME SMs: never pair group with group.
 
 Each split gets one green context and one stream (cuGreenCtxStreamCreate), wrapped for
@@ -18,62 +19,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from bullet_trt.spatial.partitioners import cuda_driver
 from bullet_trt.spatial.partitioners.base import SETTING, Partitioner, device_index
+from bullet_trt.spatial.partitioners.cuda_driver import check, device_sm_resource, driver_version
+from bullet_trt.spatial.partitioners.mps_daemon import ENV_PCT, require_mps_client
 
 MIN_DRIVER = 12040  # green contexts need a CUDA 12.4 driver
 _AVAILABLE: dict[int, tuple[bool, str]] = {}
 
 
-def _driver():
-    from cuda.bindings import driver
-
-    return driver
-
-
-def check(result, what: str):
-    """Unwraps a cuda.bindings (CUresult, *values) tuple; RuntimeError on failure."""
-    drv = _driver()
-    err, *values = result if isinstance(result, tuple) else (result,)
-    code = int(getattr(err, "value", err))
-    if code != 0:
-        name = getattr(err, "name", "?")
-        msg = "?"
-        try:
-            if type(err).__name__ == "cudaError_t":  # cuda.bindings.runtime
-                from cuda.bindings import runtime as rt
-
-                m = rt.cudaGetErrorString(err)[1]
-            else:
-                m = drv.cuGetErrorString(err)[1]
-            msg = m.decode() if isinstance(m, bytes) else str(m)
-        except Exception:  # noqa: BLE001 - best effort for the message
-            pass
-        raise RuntimeError(f"{what} failed: {name} ({code}): {msg}")
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
-
-
-def driver_version() -> int:
-    """CUDA version of the driver, e.g. 13000; raises when there is no driver."""
-    drv = _driver()
-    check(drv.cuInit(0), "cuInit")
-    return int(check(drv.cuDriverGetVersion(), "cuDriverGetVersion"))
-
-
-def device_sm_resource(index: int):
-    """(CUdevice, full-device SM CUdevResource) for CUDA ordinal `index`."""
-    drv = _driver()
-    check(drv.cuInit(0), "cuInit")
-    dev = check(drv.cuDeviceGet(index), f"cuDeviceGet({index})")
-    res = check(drv.cuDeviceGetDevResource(dev, drv.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM),
-                "cuDeviceGetDevResource(SM)")
-    return dev, res
-
-
 def split_once(res, prefill_sms: int):
     """ONE split call: (group, remainder) resources for `prefill_sms`."""
-    drv = _driver()
+    drv = cuda_driver.driver()
     groups, nb, remainder = check(drv.cuDevSmResourceSplitByCount(1, res, 0, int(prefill_sms)),
                                   f"cuDevSmResourceSplitByCount(minCount={prefill_sms})")
     if int(nb) < 1:
@@ -84,7 +41,7 @@ def split_once(res, prefill_sms: int):
 
 def create_green_stream(dev, resource, what: str):
     """(green ctx, CUstream) on `resource`; the caller keeps both alive."""
-    drv = _driver()
+    drv = cuda_driver.driver()
     desc = check(drv.cuDevResourceGenerateDesc([resource], 1), f"cuDevResourceGenerateDesc({what})")
     ctx = check(drv.cuGreenCtxCreate(desc, dev, drv.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM),
                 f"cuGreenCtxCreate({what})")
@@ -113,7 +70,7 @@ def green_available(device="cuda") -> tuple[bool, str]:
     if index in _AVAILABLE:
         return _AVAILABLE[index]
     try:
-        _driver()
+        cuda_driver.driver()
     except ImportError as e:
         out = (False, f"cuda.bindings (cuda-python) is not installed: {e}")
     else:
@@ -125,7 +82,7 @@ def green_available(device="cuda") -> tuple[bool, str]:
                 dev, res = device_sm_resource(index)
                 group, rem = split_once(res, sm_granularity(res))
                 ctx, stream = create_green_stream(dev, group, "availability probe")
-                drv = _driver()
+                drv = cuda_driver.driver()
                 check(drv.cuStreamDestroy(stream), "cuStreamDestroy")
                 check(drv.cuGreenCtxDestroy(ctx), "cuGreenCtxDestroy")
                 out = (True, "")
@@ -150,10 +107,9 @@ class GreenPartitioner(Partitioner):
 
     def __init__(self, device="cuda", require_mps: bool = False) -> None:
         super().__init__()
-        if os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+        if os.environ.get(ENV_PCT):
             raise RuntimeError(
-                f"{SETTING}=green: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="
-                f"{os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE']} is set and caps green contexts; "
+                f"{SETTING}=green: {ENV_PCT}={os.environ[ENV_PCT]} is set and caps green contexts; "
                 "unset it in the worker environment (green contexts do the split)")
         ok, why = green_available(device)
         if not ok:
@@ -177,8 +133,6 @@ class GreenPartitioner(Partitioner):
         if self.role is not None and self.role != role:
             raise RuntimeError(f"green partitioner already prepared for {self.role!r}, not {role!r}")
         if self.require_mps:
-            from bullet_trt.spatial.partitioners.mps import require_mps_client
-
             require_mps_client(role, self.index)
         self.role = role
         device = torch.device("cuda", self.index)
@@ -226,7 +180,7 @@ class GreenPartitioner(Partitioner):
 
     def close(self) -> None:
         """Destroys streams and green contexts; only after all their work is finished."""
-        drv = _driver()
+        drv = cuda_driver.driver()
         for sp in self._splits.values():
             sp.stream.synchronize()
             check(drv.cuStreamDestroy(sp.cu_stream), "cuStreamDestroy")

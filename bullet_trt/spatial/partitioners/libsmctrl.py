@@ -20,6 +20,8 @@ from typing import Any
 
 from bullet_trt.spatial.partitioners import native
 from bullet_trt.spatial.partitioners.base import SETTING, Partitioner, device_index
+from bullet_trt.spatial.partitioners.cuda_driver import check
+from bullet_trt.spatial.partitioners.mps_daemon import require_mps_client
 
 PATH_SETTING = "serve.libsmctrl_path"
 SMS_PER_TPC = 2  # Volta through Hopper
@@ -87,8 +89,6 @@ class LibsmctrlPartitioner(Partitioner):
         import torch
         from cuda.bindings import runtime as rt
 
-        from bullet_trt.spatial.partitioners.green import check
-
         check(rt.cudaSetDevice(self.index), "cudaSetDevice")
         handle = check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreateWithFlags")
         self._handles.append(handle)
@@ -100,8 +100,6 @@ class LibsmctrlPartitioner(Partitioner):
         role = self.check_role(role)
         wanted = self.validate_splits(self.splits() if splits is None else splits)
         if self.require_mps:
-            from bullet_trt.spatial.partitioners.mps import require_mps_client
-
             require_mps_client(role, self.index, f"{SETTING}=libsmctrl")
         self.role = role
         torch.cuda.init()
