@@ -1,0 +1,216 @@
+"""Everything that crosses a process boundary, as typed messages.
+
+Two conversations run over `multiprocessing` queues:
+
+    serving (Triton stub)  <->  engine process        AddRequest, AbortRequest, Shutdown
+                                                      EngineReady, StepOutputs, StatsUpdate, EngineFailed
+    spatial orchestrator   <->  session workers       WorkerSetup, RunBatch, DecodeUpdate, StopWorker
+                                                      WorkerReady, BatchDone, BatchFailed, WorkerFatal,
+                                                      DecodeStep, DecodeStepFailed, RowsLeft
+
+Receivers dispatch on the message's type (`match`), so a new message is a new dataclass here,
+never a new string. Messages stay small: ids, token ids, block tables, counters and an
+`SmSplit`; the weights and the KV pool cross once, inside `WorkerSetup`, as shared-memory or
+CUDA IPC handles.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput
+from bullet_trt.engine.session import BatchItem, SampleResult
+
+
+# -- the SM split ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SmSplit:
+    """How a GPU's SMs are shared at one moment: prefill holds `prefill` of `total` and decode
+    the rest. `prefill=None` means no split: a phase running alone has the whole GPU."""
+
+    total: int
+    prefill: int | None = None
+
+    def __post_init__(self) -> None:
+        # A split that leaves one phase nothing is no split at all.
+        if self.prefill is not None and not 0 < self.prefill < self.total:
+            object.__setattr__(self, "prefill", None)
+
+    @classmethod
+    def whole(cls, total: int) -> "SmSplit":
+        return cls(total, None)
+
+    @property
+    def is_whole(self) -> bool:
+        return self.prefill is None
+
+    @property
+    def prefill_sms(self) -> int:
+        return self.total if self.prefill is None else self.prefill
+
+    @property
+    def decode_sms(self) -> int:
+        return self.total if self.prefill is None else self.total - self.prefill
+
+    def sms_of(self, role: str) -> int:
+        return self.prefill_sms if role == "prefill" else self.decode_sms
+
+
+# -- serving <-> engine process ----------------------------------------------------------------
+
+@dataclass
+class AddRequest:
+    request: NewRequest
+
+
+@dataclass
+class AbortRequest:
+    request_id: str
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+@dataclass
+class EngineInfo:
+    pid: int
+    pgid: int
+    max_model_len: int
+    max_prompt_len: int
+    eos_token_ids: list[int]
+    stats: EngineStats
+
+
+@dataclass
+class EngineReady:
+    info: EngineInfo
+
+
+@dataclass
+class StepOutputs:
+    outputs: list[RequestOutput]
+    stats: EngineStats
+
+
+@dataclass
+class StatsUpdate:
+    stats: EngineStats
+
+
+@dataclass
+class EngineFailed:
+    """The engine process cannot go on (start-up failed, or its loop raised); it exits."""
+
+    trace: str
+
+
+# -- spatial orchestrator <-> session workers --------------------------------------------------
+
+@dataclass
+class WorkerSetup:
+    """The first message a worker gets: what to attach and which partitions to prepare."""
+
+    state: Any  # engine.shared_state.SharedEngineState: tensors travel as IPC handles
+    profile: Any  # config.ProfileConfig
+    threads: int | None
+    partitioner: str
+    splits: list[int]  # prefill SM counts the worker may be asked to run at
+
+
+@dataclass
+class RunBatch:
+    """One step over these items on the partition the split gives this worker's role."""
+
+    items: list[BatchItem]
+    split: SmSplit
+
+
+@dataclass
+class DecodeUpdate:
+    """What changed in the decode worker's own batch since the last update."""
+
+    joins: list[tuple[int, BatchItem]] = field(default_factory=list)  # row id, its first decode item
+    leaves: list[int] = field(default_factory=list)
+    grants: list[tuple[int, list[int]]] = field(default_factory=list)  # row id, blocks to append
+    split: SmSplit | None = None  # None: unchanged
+    prompts: list[BatchItem] = field(default_factory=list)  # to prefill within the next step
+
+    def __bool__(self) -> bool:
+        return bool(self.joins or self.leaves or self.grants or self.split is not None or self.prompts)
+
+
+@dataclass
+class StopWorker:
+    pass
+
+
+@dataclass
+class WorkerReady:
+    role: str
+    pid: int
+    partitions: dict
+    fused_groups: int
+
+
+@dataclass
+class BatchDone:
+    role: str
+    results: list[SampleResult | None]
+    measured_ms: float
+
+
+@dataclass
+class BatchFailed:
+    """A RunBatch raised with the device still sound; the worker takes the next one."""
+
+    role: str
+    trace: str
+
+
+@dataclass
+class WorkerFatal:
+    """The worker could not start, or its device context broke; it exits."""
+
+    role: str
+    trace: str
+
+
+@dataclass
+class DecodeStep:
+    """One step of the decode worker's batch: the tokens of the rows that ran, and the leaves
+    it applied before running them (their blocks may now be reused)."""
+
+    row_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float | None]
+    left: list[int]
+    split: SmSplit  # the split it ran at
+    total_ctx: int
+    start: float  # time.monotonic(), comparable across processes
+    measured_ms: float
+    idle_ms: float | None  # since the worker's previous step ended (None: first step)
+    # one result per prompt the step carried, in the order they were sent; None: it carried none
+    prompt_results: list[SampleResult] | None = None
+    prompt_tokens: int = 0
+    role: str = "decode"
+
+
+@dataclass
+class DecodeStepFailed:
+    """A decode step raised: its rows were dropped from the worker's batch."""
+
+    trace: str
+    rows: list[int]
+    carried_prompts: bool
+    role: str = "decode"
+
+
+@dataclass
+class RowsLeft:
+    """Leaves applied while no row could step: their blocks may now be reused."""
+
+    rows: list[int]
+    role: str = "decode"

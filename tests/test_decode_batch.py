@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.session import BatchItem
-from bullet_trt.spatial.decode_batch import DecodeUpdate, PersistentDecodeBatch
+from bullet_trt.protocol import DecodeUpdate, SmSplit
+from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
 
 
 def item(pos: int, blocks: list[int], **params) -> BatchItem:
@@ -14,19 +15,19 @@ def item(pos: int, blocks: list[int], **params) -> BatchItem:
 
 
 def test_a_row_steps_only_with_a_block_for_its_position_and_tokens_left():
-    batch = PersistentDecodeBatch(block_size=4)
+    batch = PersistentDecodeBatch(block_size=4, total_sms=132)
     left = batch.apply(DecodeUpdate(joins=[(0, item(3, [9])), (1, item(4, [9])), (2, item(2, [7], max_tokens=1))],
-                                    split=(40,)))
-    assert left == [] and batch.prefill_sms == 40
+                                    split=SmSplit(132, 40)))
+    assert left == [] and (batch.split.prefill_sms, batch.split.decode_sms) == (40, 92)
     # row 1 sits at position 4 with one block of 4: no room; row 2 has its one token already
     assert [r for r, _ in batch.runnable()] == [0]
-    batch.apply(DecodeUpdate(grants=[(1, [11])], split=(None,)))
-    assert [r for r, _ in batch.runnable()] == [0, 1] and batch.prefill_sms is None
+    batch.apply(DecodeUpdate(grants=[(1, [11])], split=SmSplit.whole(132)))
+    assert [r for r, _ in batch.runnable()] == [0, 1] and batch.split.is_whole and batch.split.decode_sms == 132
     assert batch.rows[1].block_table == [9, 11]
 
 
 def test_advance_feeds_the_sampled_token_and_lifts_the_ban_at_min_tokens():
-    batch = PersistentDecodeBatch(block_size=16)
+    batch = PersistentDecodeBatch(block_size=16, total_sms=0)
     batch.apply(DecodeUpdate(joins=[(3, item(10, [1], min_tokens=3))]))
     ran = batch.runnable()
     batch.advance(ran, [42])
@@ -38,14 +39,14 @@ def test_advance_feeds_the_sampled_token_and_lifts_the_ban_at_min_tokens():
 
 
 def test_leaves_are_acknowledged_even_for_rows_that_joined_in_the_same_update():
-    batch = PersistentDecodeBatch(block_size=16)
+    batch = PersistentDecodeBatch(block_size=16, total_sms=0)
     batch.apply(DecodeUpdate(joins=[(0, item(1, [1]))]))
     left = batch.apply(DecodeUpdate(joins=[(1, item(1, [2]))], leaves=[0, 1]))
     assert sorted(left) == [0, 1] and batch.rows == {} and batch.runnable() == []
 
 
 def test_prompts_ride_along_once_in_arrival_order():
-    batch = PersistentDecodeBatch(block_size=16)
+    batch = PersistentDecodeBatch(block_size=16, total_sms=0)
     first = BatchItem("a", [1, 2, 3], 0, [4], SamplingParams(max_tokens=8), True)
     second = BatchItem("b", [7, 8], 0, [5], SamplingParams(max_tokens=8), True)
     update = DecodeUpdate(prompts=[first])
@@ -54,3 +55,10 @@ def test_prompts_ride_along_once_in_arrival_order():
     batch.apply(DecodeUpdate(prompts=[second]))
     assert batch.take_prompts() == [first, second]
     assert batch.take_prompts() == [] and batch.runnable() == []  # prompts never become rows here
+
+
+def test_a_split_that_leaves_a_phase_nothing_is_the_whole_gpu():
+    assert SmSplit(132, 0).is_whole and SmSplit(132, 132).is_whole and SmSplit(132, None).is_whole
+    s = SmSplit(132, 48)
+    assert (s.sms_of("prefill"), s.sms_of("decode")) == (48, 84) and not s.is_whole
+    assert SmSplit.whole(132).sms_of("prefill") == SmSplit.whole(132).sms_of("decode") == 132

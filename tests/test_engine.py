@@ -163,9 +163,9 @@ def test_prefill_and_decode_in_two_processes_match_one_process(llama_engine):
     params = [GREEDY, SamplingParams(max_tokens=24, temperature=0.8, seed=7, ignore_eos=True)] * 3
     with LLM(str(llama_engine)) as llm:
         ref = [c.token_ids for c in llm.generate_token_ids(batch, params)]
-    with LLM(str(llama_engine), executor="workers") as llm:
+    with LLM(str(llama_engine), **{"serve.mode": "bullet"}) as llm:
         out = llm.generate_token_ids(batch, params)
-        workers = (llm.engine.executor.prefill_worker, llm.engine.executor.decode_worker)
+        workers = (llm.engine.prefill, llm.engine.decode)
         pids = {w.pid for w in workers}
         fused = [w.fused_groups for w in workers]
         layers = llm.engine.state.arch.num_layers

@@ -75,12 +75,11 @@ def wait_for(cond, timeout: float = 60.0, what: str = "condition"):
 @pytest.fixture(scope="module")
 def frontend(engine_cfg):
     from bullet_trt.model.tokenizer import Tokenizer
+    from bullet_trt.engine.validation import RequestLimits
     from bullet_trt.serving.triton.frontend import Frontend, FrontendLimits
     tok = Tokenizer(engine_cfg.tokenizer_path)
-    return Frontend(tok, FrontendLimits(max_prompt_len=engine_cfg.max_prompt_len,
-                                        max_model_len=engine_cfg.max_model_len,
-                                        max_tokens_limit=engine_cfg.max_model_len - 1,
-                                        default_max_tokens=32, vocab_size=tok.vocab_size))
+    return Frontend(tok, FrontendLimits(RequestLimits(engine_cfg.max_model_len, vocab_size=tok.vocab_size),
+                                        default_max_tokens=32))
 
 
 def _b(text) -> np.ndarray:
@@ -125,7 +124,7 @@ def test_frontend_defaults_and_greedy_rule(frontend):
     ({"foo": np.array([[1]], np.int32)}, "unknown input 'foo'"),
 ])
 def test_frontend_rejects_with_field_and_limit(frontend, inputs, expected):
-    from bullet_trt.serving.triton.frontend import RequestError
+    from bullet_trt.engine.validation import RequestError
     full = {"text_input": _b("Hello")} | inputs if "text_input" not in inputs and inputs != {} else dict(inputs)
     with pytest.raises(RequestError) as e:
         frontend.parse(full)

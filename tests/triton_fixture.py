@@ -264,8 +264,8 @@ class FakeCore:
         self.tokens = 0
 
     def add_request(self, req):
-        if len(req.prompt_token_ids) > self.cfg.max_prompt_len:
-            raise ValueError(f"prompt has {len(req.prompt_token_ids)} tokens; the limit is {self.cfg.max_prompt_len}")
+        from bullet_trt.engine.validation import RequestLimits, validate_prompt
+        validate_prompt(req.prompt_token_ids, RequestLimits(self.cfg.max_model_len))
         self.reqs[req.request_id] = [req, 0]
 
     def abort_request(self, rid):

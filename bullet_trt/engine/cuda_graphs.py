@@ -2,7 +2,7 @@
 
 A decode step of a large model is hundreds of small kernel launches; replaying a captured
 graph removes the launch gaps. A graph runs on the SM set of the stream it was captured on
-(DESIGN.md section 2), so each SM partition's stream gets its own graphs; they share one
+(docs/gpu-facts.md, fact 4), so each SM partition's stream gets its own graphs; they share one
 memory pool and one logits buffer (a process replays one graph at a time). Inputs live in
 static buffers that every replay reads; padded rows write no KV (slot -1) and their logits
 are dropped. A worker captures every (partition, bucket) graph at start (`capture_all`), so

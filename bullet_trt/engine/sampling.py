@@ -29,23 +29,6 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
 
-    def validate(self, max_tokens_limit: int | None = None) -> "SamplingParams":
-        if self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be > 0, got {self.max_tokens}")
-        if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
-            raise ValueError(f"max_tokens must be <= {max_tokens_limit}, got {self.max_tokens}")
-        if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.seed is not None and not 0 <= self.seed < 2**64:
-            raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
-        return self
-
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1

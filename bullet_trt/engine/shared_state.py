@@ -13,6 +13,7 @@ import torch
 from bullet_trt.config import EngineConfig, ProfileConfig
 from bullet_trt.engine.kv_pool import blocks_for_tokens, create_kv_pool, size_pool
 from bullet_trt.engine.session import TorchSession
+from bullet_trt.engine.validation import RequestLimits
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.loader import load_checkpoint, resolve_dtype
 from bullet_trt.model.transformer import CausalLM
@@ -67,3 +68,16 @@ def attach_session(state: SharedEngineState, profile: ProfileConfig) -> TorchSes
     model = CausalLM(state.arch, state.dtype, "meta", max_positions=state.max_model_len)
     model.attach_weights(state.weights)
     return TorchSession(model, state.kv_pool, state.block_size, profile)
+
+
+def request_limits(cfg: EngineConfig, state: SharedEngineState) -> RequestLimits:
+    """What a request may ask of an engine built over this state."""
+    return RequestLimits(cfg.max_model_len, vocab_size=state.arch.vocab_size, kv_blocks=state.num_blocks,
+                         block_size=state.block_size)
+
+
+def release_device_memory(device: torch.device) -> None:
+    """Hands the allocator's cached blocks back, so that a following engine in the same process
+    sizes its pool from the memory this one freed."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

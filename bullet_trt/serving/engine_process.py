@@ -2,17 +2,18 @@
 `EngineCore` in a process of its own.
 
 The server side (the Triton model) only ever talks to an `AsyncEngine`: it adds a request
-with a callback, aborts by id, reads stats and asks whether the engine is ready. The next
-issue's two-worker orchestrator implements the same interface, so the frontend does not
-change when the engine underneath does.
+with a callback, aborts by id, reads stats and asks whether the engine is ready. Whatever
+engine serve.mode builds (bullet_trt/serving/modes.py) runs behind it unchanged.
 
 Process layout of `EngineClient`::
 
     parent (Triton stub)                          engine process (spawned)
-      add_request ──► inbox ("add", NewRequest)     loop: drain inbox (block when idle)
-      abort       ──► inbox ("abort", id)                 core.step()
-      shutdown    ──► inbox ("shutdown",)                 outbox ◄── ("out", [RequestOutput], EngineStats)
+      add_request ──► inbox AddRequest              loop: drain inbox (block when idle)
+      abort       ──► inbox AbortRequest                  core.step()
+      shutdown    ──► inbox Shutdown                      outbox ◄── StepOutputs / StatsUpdate
       reader thread ◄── outbox, dispatches each RequestOutput to its request's callback
+
+The messages are the typed ones of bullet_trt/protocol.py.
 
 Messages are small (token ids, ids, counters); the weights and the KV pool never cross.
 If the engine process dies, every request still in flight gets a final error output and
@@ -21,7 +22,6 @@ If the engine process dies, every request still in flight gets a final error out
 from __future__ import annotations
 
 import abc
-import dataclasses
 import importlib
 import logging
 import multiprocessing as mp
@@ -86,18 +86,6 @@ class AsyncEngine(abc.ABC):
         return None
 
 
-@dataclasses.dataclass
-class EngineInfo:
-    """Sent once by the engine process when it is ready."""
-
-    pid: int
-    pgid: int
-    max_model_len: int
-    max_prompt_len: int
-    eos_token_ids: list[int]
-    stats: EngineStats
-
-
 def python_executable() -> str:
     """The interpreter to spawn the engine with.
 
@@ -144,14 +132,14 @@ def _engine_main(cfg, factory: str, engine_kwargs: dict, inbox, outbox, stats_in
         info = EngineInfo(pid=os.getpid(), pgid=os.getpgid(0), max_model_len=cfg.max_model_len,
                           max_prompt_len=cfg.max_prompt_len,
                           eos_token_ids=list(getattr(core, "eos_token_ids", [])), stats=core.stats())
-        outbox.put(("ready", info))
+        outbox.put(EngineReady(info))
     except BaseException:  # report why start-up failed, then exit
-        outbox.put(("fatal", traceback.format_exc()))
+        outbox.put(EngineFailed(traceback.format_exc()))
         return
     try:
         _engine_loop(core, inbox, outbox, stats_interval, parent)
     except BaseException:
-        outbox.put(("fatal", traceback.format_exc()))
+        outbox.put(EngineFailed(traceback.format_exc()))
         raise
     finally:
         close = getattr(core, "close", None)
@@ -197,19 +185,18 @@ def _serve(core, inbox, outbox, stats_interval: float, parent, watch: StallWatch
         rejected = []
         while msg is not None:
             taken += 1
-            kind = msg[0]
-            if kind == "add":
-                req: NewRequest = msg[1]
-                try:
-                    core.add_request(req)
-                except Exception as e:  # ValueError names the field and the limit
-                    rejected.append(RequestOutput(req.request_id, [], finished=True, finish_reason="rejected",
-                                                  num_prompt_tokens=len(req.prompt_token_ids),
-                                                  error=str(e)))
-            elif kind == "abort":
-                core.abort_request(msg[1])
-            elif kind == "shutdown":
-                return
+            match msg:
+                case AddRequest(request=req):
+                    try:
+                        core.add_request(req)
+                    except Exception as e:  # ValueError names the field and the limit
+                        rejected.append(RequestOutput(req.request_id, [], finished=True, finish_reason="rejected",
+                                                      num_prompt_tokens=len(req.prompt_token_ids),
+                                                      error=str(e)))
+                case AbortRequest(request_id=rid):
+                    core.abort_request(rid)
+                case Shutdown():
+                    return
             try:
                 msg = inbox.get_nowait()
             except queue.Empty:
@@ -224,10 +211,10 @@ def _serve(core, inbox, outbox, stats_interval: float, parent, watch: StallWatch
         now = time.monotonic()
         stats = core.stats()
         if outputs:
-            outbox.put(("out", outputs, stats))
+            outbox.put(StepOutputs(outputs, stats))
             last_stats, last_stats_time = stats, now
         elif stats != last_stats and (now - last_stats_time >= stats_interval or not core.has_unfinished()):
-            outbox.put(("stats", stats))
+            outbox.put(StatsUpdate(stats))
             last_stats, last_stats_time = stats, now
         if watch:
             end = time.perf_counter()
@@ -249,7 +236,7 @@ class EngineClient(AsyncEngine):
     on_death: called once, from the reader thread, when the engine process exits unasked.
     """
 
-    def __init__(self, cfg, *, factory: str = "bullet_trt.engine.core:create_engine",
+    def __init__(self, cfg, *, factory: str = "bullet_trt.serving.modes:create_engine",
                  engine_kwargs: dict | None = None, on_stats: StatsCallback | None = None,
                  on_death: Callable[[str], None] | None = None, stats_interval: float = 0.05,
                  num_threads: int = 0, start_timeout: float = 600.0):
@@ -295,13 +282,13 @@ class EngineClient(AsyncEngine):
                     self._kill()
                     raise EngineUnavailable(f"engine process not ready after {self._start_timeout:.0f} s")
                 continue
-            if msg[0] == "ready":
-                self.info = msg[1]
+            if isinstance(msg, EngineReady):
+                self.info = msg.info
                 self._stats = self.info.stats
                 break
-            if msg[0] == "fatal":
+            if isinstance(msg, EngineFailed):
                 self._proc.join(timeout=10)
-                raise EngineUnavailable(f"engine failed to start:\n{msg[1]}")
+                raise EngineUnavailable(f"engine failed to start:\n{msg.trace}")
         self._ready = True
         self._reader = threading.Thread(target=self._read_loop, name="bullet-engine-reader", daemon=True)
         self._reader.start()
@@ -336,7 +323,7 @@ class EngineClient(AsyncEngine):
                 raise ValueError(f"request id {request.request_id!r} is already in flight")
             self._callbacks[request.request_id] = callback
         try:
-            self._inbox.put(("add", request))
+            self._inbox.put(AddRequest(request))
         except Exception as e:
             with self._lock:
                 self._callbacks.pop(request.request_id, None)
@@ -347,7 +334,7 @@ class EngineClient(AsyncEngine):
             if not self._ready or request_id not in self._callbacks:
                 return
         try:
-            self._inbox.put(("abort", request_id))
+            self._inbox.put(AbortRequest(request_id))
         except Exception:
             pass
 
@@ -371,16 +358,17 @@ class EngineClient(AsyncEngine):
                 log.exception("stats callback failed")
 
     def _handle(self, msg) -> None:
-        if msg[0] == "out":
-            for out in msg[1]:
-                self._dispatch(out)
-            self._set_stats(msg[2])
-        elif msg[0] == "stats":
-            self._set_stats(msg[1])
-        elif msg[0] == "fatal":
-            lines = msg[1].strip().splitlines()
-            self._failure = f"engine failed: {lines[-1] if lines else 'unknown error'}"
-            log.error("engine process failed:\n%s", msg[1])
+        match msg:
+            case StepOutputs(outputs=outputs, stats=stats):
+                for out in outputs:
+                    self._dispatch(out)
+                self._set_stats(stats)
+            case StatsUpdate(stats=stats):
+                self._set_stats(stats)
+            case EngineFailed(trace=trace):
+                lines = trace.strip().splitlines()
+                self._failure = f"engine failed: {lines[-1] if lines else 'unknown error'}"
+                log.error("engine process failed:\n%s", trace)
 
     def _read_loop(self) -> None:
         watch = StallWatch.from_env("engine reader")
@@ -429,13 +417,12 @@ class EngineClient(AsyncEngine):
                 msgs.append(self._outbox.get_nowait())
             except (queue.Empty, EOFError, OSError):
                 break
-        outputs = [out for m in msgs if m[0] == "out" for out in m[1]]
+        steps = [m for m in msgs if isinstance(m, StepOutputs)]
         for m in msgs:
-            if m[0] != "out":
+            if not isinstance(m, StepOutputs):
                 self._handle(m)
-        if outputs:
-            stats = next(m[2] for m in reversed(msgs) if m[0] == "out")
-            self._handle(("out", coalesce(outputs), stats))
+        if steps:
+            self._handle(StepOutputs(coalesce([out for m in steps for out in m.outputs]), steps[-1].stats))
         return len(msgs)
 
     def _drain(self) -> None:
@@ -480,7 +467,7 @@ class EngineClient(AsyncEngine):
             self._ready = False
         if self._proc.is_alive():
             try:
-                self._inbox.put(("shutdown",))
+                self._inbox.put(Shutdown())
             except Exception:
                 pass
             self._proc.join(timeout=timeout)

@@ -11,10 +11,10 @@ import itertools
 from dataclasses import dataclass
 
 from bullet_trt.config import load_engine_config
-from bullet_trt.engine.core import EngineCore, create_engine
 from bullet_trt.engine.request import NewRequest
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.model.tokenizer import Tokenizer
+from bullet_trt.serving.modes import create_engine
 
 
 @dataclass
@@ -28,16 +28,12 @@ class Completion:
 
 
 class LLM:
-    def __init__(self, engine_dir: str, executor: str = "local", **overrides):
-        """executor: "local" (one session, continuous batching), "workers" (prefill and
-        decode sessions in two processes, stepped together), or "serve" (the engine that
-        serving uses for serve.mode: chunked, bullet or static)."""
+    def __init__(self, engine_dir: str, **overrides):
+        """overrides: dotted config keys (``serve.mode="bullet"``); the engine is the one
+        serving builds for serve.mode (chunked, bullet or static)."""
         self.cfg = load_engine_config(engine_dir, overrides)
         self.tokenizer = Tokenizer(self.cfg.tokenizer_path)
-        if executor == "serve":
-            self.engine = create_engine(self.cfg)
-        else:
-            self.engine = EngineCore(self.cfg, executor=executor)
+        self.engine = create_engine(self.cfg)
         self._ids = itertools.count()
 
     def generate(self, prompts: str | list[str],

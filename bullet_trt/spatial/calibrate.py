@@ -90,7 +90,7 @@ def measurement_setup(engine_dir: str | Path, sm_counts, overrides: dict | None 
     """(cfg, state, session, {SM count: stream}) for timing the engine on green partitions:
     random data in the pool (not zeros), prefill as the prefill worker runs it, decode steps
     from the decode profile's graphs, and the whole GPU under its own SM count."""
-    from bullet_trt.spatial.partitioners.base import make_partitioner
+    from bullet_trt.spatial.partitioners import make_partitioner
 
     if not torch.cuda.is_available():
         raise RuntimeError("measuring the engine needs a CUDA GPU")

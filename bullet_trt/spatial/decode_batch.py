@@ -19,49 +19,15 @@ leave, so a late step never writes into blocks that another sequence already got
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from bullet_trt.engine.session import BatchItem
-
-
-@dataclass
-class DecodeUpdate:
-    """What changed since the last update, from the orchestrator's side."""
-
-    joins: list[tuple[int, BatchItem]] = field(default_factory=list)  # row id, its first decode item
-    leaves: list[int] = field(default_factory=list)
-    grants: list[tuple[int, list[int]]] = field(default_factory=list)  # row id, blocks to append
-    split: tuple[int | None] | None = None  # (prefill SMs,) when the decode partition changes
-    prompts: list[BatchItem] = field(default_factory=list)  # to prefill within the next step
-
-    def __bool__(self) -> bool:
-        return bool(self.joins or self.leaves or self.grants or self.split is not None or self.prompts)
-
-
-@dataclass
-class DecodeStep:
-    """One step's outcome, from the worker's side: the tokens of the rows that ran, and the
-    leaves it applied before running them (their blocks may now be reused)."""
-
-    row_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float | None]
-    left: list[int]
-    prefill_sms: int | None  # the split it ran beside (None: the whole GPU)
-    total_ctx: int
-    start: float  # time.monotonic(), comparable across processes
-    measured_ms: float
-    idle_ms: float | None  # since the worker's previous step ended (None: first step)
-    # one result per prompt the step carried, in the order they were sent; None: it carried none
-    prompt_results: list | None = None
-    prompt_tokens: int = 0
+from bullet_trt.protocol import DecodeUpdate, SmSplit
 
 
 class PersistentDecodeBatch:
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, total_sms: int):
         self.block_size = block_size
         self.rows: dict[int, BatchItem] = {}
-        self.prefill_sms: int | None = None
+        self.split = SmSplit.whole(total_sms)
         self.prompts: list[BatchItem] = []
 
     def apply(self, update: DecodeUpdate) -> list[int]:
@@ -77,7 +43,7 @@ class PersistentDecodeBatch:
             if item is not None:
                 item.block_table.extend(blocks)
         if update.split is not None:
-            self.prefill_sms = update.split[0]
+            self.split = update.split
         self.prompts += update.prompts
         return list(update.leaves)
 

@@ -1,74 +1,65 @@
-"""Spatial orchestration: a prefill worker and a decode worker run at the same time, each on
-its own SM partition, over one shared pool; the split is re-chosen at every prefill launch.
+"""SpatialEngine: a prefill worker and a decode worker run at the same time, each on its own
+SM partition, over one shared pool; the split is re-chosen at every prefill launch.
 
-Neither phase waits for the other. The decode worker keeps its own batch and steps it back
-to back (workers/decode_batch.py); this loop accepts its tokens, applies the stopping rules,
-grants blocks and tells it which rows join (prompts just prefilled) and leave. Whenever the
-prefill worker is free the policy picks the split and the prompts to admit. Decode runs on
-the complement of the prefill partition while a prefill is in flight, and on the whole GPU
-otherwise. Modes: `bullet` (dynamic split), `static` (one fixed split for both phases).
+It composes the engine's parts (shared weights and pool, block allocator, request
+lifecycle) with Bullet's own (partitioner, policy, performance model, workers, decode rows,
+iteration log); the engine knows nothing of it. Neither phase waits for the other. The
+decode worker keeps its own batch and steps it back to back (decode_batch.py); this loop
+accepts its tokens, applies the stopping rules (the lifecycle's), grants blocks and tells it
+which rows join (prompts just prefilled) and leave. Whenever the prefill worker is free the
+policy picks the split and the prompts to admit. Decode runs on the complement of the
+prefill partition while a prefill is in flight, and on the whole GPU otherwise. Modes:
+`bullet` (dynamic split), `static` (one fixed split for both phases).
 """
 from __future__ import annotations
 
-import json
 import queue
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import torch
 import torch.multiprocessing as mp
 
 from bullet_trt.config import ConfigError, EngineConfig
-from bullet_trt.engine.core import EngineCore
-from bullet_trt.engine.sequence import Sequence, SeqStatus
-from bullet_trt.engine.batch_scheduler import ScheduledChunk
-from bullet_trt.spatial.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel, PrefillShape
-from bullet_trt.spatial.policy import (Decision, PolicyState, SloConfig, WaitingPrompt,
-                                         bullet_policy, static_policy)
+from bullet_trt.engine.block_allocator import BlockAllocator
+from bullet_trt.engine.lifecycle import RequestLifecycle
+from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput
+from bullet_trt.engine.sequence import SeqStatus, Sequence
 from bullet_trt.engine.session import SampleResult
+from bullet_trt.engine.shared_state import build_shared_state, release_device_memory, request_limits
 from bullet_trt.engine.step_failure import FailureStreak, last_line, report
-from bullet_trt.spatial.decode_batch import DecodeStep, DecodeUpdate
+from bullet_trt.protocol import (BatchDone, BatchFailed, DecodeStep, DecodeStepFailed, RowsLeft, SmSplit,
+                                 WorkerFatal)
+from bullet_trt.spatial.decode_rows import DecodeRows
+from bullet_trt.spatial.iteration_log import IterationLog
+from bullet_trt.spatial.partitioners import make_partitioner
+from bullet_trt.spatial.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel, PrefillShape
+from bullet_trt.spatial.policy import Decision, PolicyState, SloConfig, WaitingPrompt, bullet_policy, static_policy
+from bullet_trt.spatial.queues import SpatialQueues
 from bullet_trt.spatial.session_worker import SessionWorker, WorkerDied
-
-_NOT_SENT = object()
 
 
 @dataclass
-class SpatialQueues:
-    """Sequences by phase. `waiting` need a prefill; `decoding` hold their KV and step."""
+class PrefillJob:
+    """Prompts in flight: on the prefill partition, or riding in decode's next step (fused)."""
 
-    allocator: object
-    block_size: int
-    waiting: list[Sequence] = field(default_factory=list)
-    prefilling: list[Sequence] = field(default_factory=list)
-    decoding: list[Sequence] = field(default_factory=list)
-    num_preemptions: int = 0
-
-    @property
-    def running(self) -> list[Sequence]:
-        return self.prefilling + self.decoding
-
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
-
-    def release(self, seq: Sequence) -> None:
-        self.allocator.release(seq.block_table)
-        seq.num_cached_tokens = 0
-        for q in (self.waiting, self.prefilling, self.decoding):
-            if seq in q:
-                q.remove(seq)
-
-    def reserve(self, seq: Sequence, total_tokens: int) -> bool:
-        return self.allocator.grow(seq.block_table, total_tokens, self.block_size)
+    seqs: list[Sequence]
+    tokens: list[int]  # tokens each prefills, in order
+    split: SmSplit
+    predicted_ms: float = 0.0
+    start: float = 0.0
 
 
-class SpatialEngineCore(EngineCore):
+class SpatialEngine:
     def __init__(self, cfg: EngineConfig):
-        super().__init__(cfg, executor="none")
-        from bullet_trt.spatial.partitioners.base import make_partitioner
-
+        self.cfg = cfg
         s = cfg.serve
+        self.state, model = build_shared_state(cfg, share=True)
+        del model  # the workers attach the shared weights
         device = self.state.kv_pool.device
+        self.allocator = BlockAllocator(self.state.num_blocks)
+        self.queues = SpatialQueues(self.allocator, self.state.block_size)
+        self.requests = RequestLifecycle(request_limits(cfg, self.state), self.state.arch.eos_token_ids,
+                                         release=self._release)
         static = s.mode == "static"
         self.partitioner = make_partitioner(s.partitioner, device,
                                             prefill_sms=s.static_prefill_sms if static else None,
@@ -76,81 +67,87 @@ class SpatialEngineCore(EngineCore):
         # Without partitioning (CPU) each phase runs on what the OS gives it; the policy still
         # admits by deadline but has no split to choose.
         self.total_sms = self.partitioner.total_sms or 1
-        if self.partitioner.name == "none":
-            splits: list[int] = []
-        elif static:
-            splits = self.partitioner.validate_splits([s.static_prefill_sms], "serve.static_prefill_sms")
-        else:
-            low = s.min_phase_sms
-            splits = [x for x in self.partitioner.splits() if x >= low and self.total_sms - x >= low]
-            if not splits:
-                raise ConfigError(f"serve.min_phase_sms={low} leaves no split of the GPU's "
-                                  f"{self.total_sms} SMs; lower it")
-        self.splits = splits
-        total = self.total_sms
+        self.splits = self._splits(static)
         self.slo = SloConfig(ttft_ms=s.ttft_slo_ms, tpot_ms=s.tpot_slo_ms, ttft_plan=s.ttft_plan_fraction,
                              tpot_plan=s.tpot_plan_fraction)
-        self.perf = self._load_perf_model(cfg, total, device)
-        self.scheduler = SpatialQueues(self.allocator, self.state.block_size)
+        self.perf = self._load_perf_model(device)
         self.results = mp.get_context("spawn").Queue()
-        kind = self.partitioner.name
-        static_split = splits[0] if static and splits else None
-        workers = {}
-        for role, profile in (("prefill", cfg.prefill), ("decode", cfg.decode)):
-            env = self.partitioner.worker_env(role, static_split)
-            if s.libsmctrl_path:
-                env["LIBSMCTRL_PATH"] = s.libsmctrl_path
-            workers[role] = SessionWorker(role, self.state, profile, kind, splits, env,
-                                          outbox=self.results)
-        self.prefill, self.decode = workers["prefill"], workers["decode"]
-        self.inflight: dict[str, dict] = {}  # the prefill batch in flight
+        static_split = self.splits[0] if static and self.splits else None
+        self.prefill, self.decode = (self._start_worker(role, profile, static_split)
+                                     for role, profile in (("prefill", cfg.prefill), ("decode", cfg.decode)))
+        self.static_split = SmSplit(self.total_sms, static_split)
+        self.prefilling: PrefillJob | None = None  # on the prefill partition
+        self.fused: PrefillJob | None = None  # riding in decode's next step
+        self.rows = DecodeRows()
+        self.lookahead_tokens = 4
         self.prefill_failures = FailureStreak("prefill")
         self.decode_failures = FailureStreak("decode")
-        self.current_prefill_sms: int | None = static_split
-        self.last_split = (0, 0)
-        # The decode worker steps its own batch (workers/decode_batch.py); here: which
-        # sequence each of its rows is, blocks of rows that left awaiting the worker's
-        # acknowledgement, and the changes not yet sent.
-        self.rows: dict[int, Sequence] = {}
-        self.row_of: dict[str, int] = {}
-        self.unacked: dict[int, list[int]] = {}
-        self.next_row_id = 0
-        self.update = DecodeUpdate()
-        self.sent_split: object = _NOT_SENT
-        self.lookahead_tokens = 4
-        self.log = open(s.iteration_log, "a") if s.iteration_log else None
-        from bullet_trt.spatial.gpu_monitor import GpuMonitor
+        self.last_sms = (0, 0)  # SMs of the last prefill and the last decode step, for stats
         gpu_index = (device.index or 0) if device.type == "cuda" else None
-        self.gpu_monitor = GpuMonitor(gpu_index)
-        self.t0 = time.monotonic()
+        self.log = IterationLog(s.iteration_log or None, gpu_index, self.partitioner.total_sms > 0)
 
-    def _load_perf_model(self, cfg: EngineConfig, total_sms: int, device) -> PerfModel:
+    def _splits(self, static: bool) -> list[int]:
+        s = self.cfg.serve
+        if self.partitioner.name == "none":
+            return []
+        if static:
+            return self.partitioner.validate_splits([s.static_prefill_sms], "serve.static_prefill_sms")
+        low = s.min_phase_sms
+        splits = [x for x in self.partitioner.splits()
+                  if min((split := SmSplit(self.total_sms, x)).prefill_sms, split.decode_sms) >= low]
+        if not splits:
+            raise ConfigError(f"serve.min_phase_sms={low} leaves no split of the GPU's "
+                              f"{self.total_sms} SMs; lower it")
+        return splits
+
+    def _start_worker(self, role: str, profile, static_split: int | None) -> SessionWorker:
+        env = self.partitioner.worker_env(role, static_split)
+        if self.cfg.serve.libsmctrl_path:
+            env["LIBSMCTRL_PATH"] = self.cfg.serve.libsmctrl_path
+        return SessionWorker(role, self.state, profile, self.partitioner.name, self.splits, env,
+                             outbox=self.results)
+
+    def _load_perf_model(self, device) -> PerfModel:
         """The calibrated model of the engine directory, else uncalibrated defaults that the
         online correction then pulls toward measured times."""
         cost = ModelCost.from_arch(self.state.arch, self.state.kv_pool.element_size())
-        path = cfg.resolve_path(PERF_MODEL_FILE)
+        path = self.cfg.resolve_path(PERF_MODEL_FILE)
         if path.is_file():
             return PerfModel.load(path, cost)
-        return PerfModel.default(cost, total_sms, on_gpu=device.type == "cuda")
+        return PerfModel.default(cost, self.total_sms, on_gpu=device.type == "cuda")
 
-    # -- the loop ---------------------------------------------------------------------------
+    # -- the engine interface ---------------------------------------------------------------
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return self.requests.eos_token_ids
+
+    def add_request(self, req: NewRequest) -> None:
+        self.queues.add(self.requests.admit(req))
+
+    def abort_request(self, request_id: str) -> None:
+        self.requests.abort(request_id)
+
     def has_unfinished(self) -> bool:
         # Blocks whose leave the decode worker has not acknowledged are still in use.
-        return bool(self.seqs) or bool(self.inflight) or bool(self.unacked)
+        return (self.requests.has_unfinished() or self.prefilling is not None or self.fused is not None
+                or bool(self.rows.unacked))
 
-    def step(self):
-        outputs = []
-        for rid in self._aborted:
-            seq = self.seqs.get(rid)
-            if seq is not None and not self._in_prefill(seq):
-                self.seqs.pop(rid)
-                self._finish(seq, "abort")
-                outputs.append(self._output(seq))
-        self._aborted = [rid for rid in self._aborted if rid in self.seqs]
-        if not self.inflight:  # one prefill at a time: on its partition, or in decode's step
+    def stats(self) -> EngineStats:
+        q = self.queues
+        return EngineStats(num_waiting=len(q.waiting), num_running=len(q.running),
+                           kv_blocks_total=self.allocator.num_blocks, kv_blocks_free=self.allocator.num_free,
+                           tokens_generated=self.requests.tokens_generated, num_preemptions=q.num_preemptions,
+                           prefill_sms=self.last_sms[0], decode_sms=self.last_sms[1])
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        return self.requests.fail_all(message)
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._apply_aborts()
+        if self.prefilling is None and self.fused is None:  # one prefill at a time
             self._launch_prefill()
         self._send_decode_update()
-        if not (self.inflight or self.rows or self.unacked):
+        if self.prefilling is None and self.fused is None and not self.rows:
             return outputs
         outputs += self._collect()
         # Grants, joins and leaves go out before the caller ships the outputs, so the decode
@@ -159,37 +156,45 @@ class SpatialEngineCore(EngineCore):
         self._send_decode_update()
         return outputs
 
-    def _in_prefill(self, seq: Sequence) -> bool:
-        return any(seq in job["seqs"] for job in self.inflight.values())
+    def close(self) -> None:
+        self.prefill.close()
+        self.decode.close()
+        self.log.close()
+        device = self.state.kv_pool.device
+        del self.state
+        release_device_memory(device)
 
-    # -- the decode worker's rows -----------------------------------------------------------
+    # -- sequences --------------------------------------------------------------------------
+    def _in_prefill(self, seq: Sequence) -> bool:
+        return any(job is not None and seq in job.seqs for job in (self.prefilling, self.fused))
+
+    def _apply_aborts(self) -> list[RequestOutput]:
+        """Aborted sequences end now, except those in a prefill: they end when it returns."""
+        outputs = []
+        for rid in list(self.requests.aborted):
+            seq = self.requests.seqs.get(rid)
+            if seq is not None and not self._in_prefill(seq):
+                self.requests.finish(seq, "abort")
+                outputs.append(self.requests.output(seq))
+        return outputs
+
+    def _release(self, seq: Sequence) -> None:
+        """A finished sequence leaves the decode batch; its blocks return once the worker
+        acknowledges (DecodeRows), or now when it never joined."""
+        self.rows.leave(seq)
+        self.queues.release(seq)
+
     def _join(self, seq: Sequence) -> None:
         """A prefilled sequence becomes a row of the decode worker's batch."""
-        if not self._ensure_room(seq):
-            return
-        row = self.next_row_id
-        self.next_row_id += 1
-        self.rows[row] = seq
-        self.row_of[seq.request_id] = row
-        self.update.joins.append((row, self._item(ScheduledChunk(seq, 1))))
-
-    def _leave(self, seq: Sequence) -> None:
-        """Takes a sequence's row out of the decode batch. Its blocks stay reserved until the
-        worker acknowledges: it may be stepping that row right now."""
-        row = self.row_of.pop(seq.request_id, None)
-        if row is None:
-            return
-        del self.rows[row]
-        self.unacked[row] = seq.block_table
-        seq.block_table = []
-        self.update.leaves.append(row)
+        if self._ensure_room(seq):
+            self.rows.join(seq, self.requests.item(seq, 1))
 
     def _ensure_room(self, seq: Sequence) -> bool:
         """Blocks for the sequence's next step and a few beyond (so the worker, which runs
         ahead of this loop, need not wait for a grant); preempts the newest decoding
         sequences when the pool is dry. False when the sequence itself was preempted."""
-        q = self.scheduler
-        if q.reserve(seq, min(seq.num_tokens + self.lookahead_tokens, self.max_model_len)):
+        q = self.queues
+        if q.reserve(seq, min(seq.num_tokens + self.lookahead_tokens, self.requests.limits.max_model_len)):
             return True
         while not q.reserve(seq, seq.num_tokens):
             victim = next(s for s in reversed(q.decoding) if s.status is SeqStatus.RUNNING)
@@ -198,61 +203,52 @@ class SpatialEngineCore(EngineCore):
                 return False
         return True
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        self._leave(seq)
-        super()._finish(seq, reason)
-
     def _preempt(self, seq: Sequence) -> None:
-        q = self.scheduler
-        self._leave(seq)
-        q.release(seq)
+        q = self.queues
+        self._release(seq)
         seq.status = SeqStatus.WAITING
         q.waiting.insert(0, seq)
         q.num_preemptions += 1
 
-    def _decode_split(self) -> int | None:
+    def _decode_split(self) -> SmSplit:
         """Decode runs beside the prefill partition while a prefill is in flight (always, in
         `static`), else on the whole GPU."""
-        if self.cfg.serve.mode == "static" or "prefill" in self.inflight:
-            return self.current_prefill_sms
-        return None
+        if self.cfg.serve.mode == "static":
+            return self.static_split
+        if self.prefilling is not None:
+            return self.prefilling.split
+        return SmSplit.whole(self.total_sms)
 
     def _send_decode_update(self) -> None:
-        split = self._decode_split()
-        if split != self.sent_split:
-            self.update.split = (split,)
-            self.sent_split = split
-        if self.update:
-            self.decode.send_update(self.update)
-            self.update = DecodeUpdate()
+        update = self.rows.take_update(self._decode_split())
+        if update is not None:
+            self.decode.send_update(update)
 
     # -- prefill ----------------------------------------------------------------------------
     def _decision(self, candidates: list[Sequence]) -> Decision:
-        q = self.scheduler
-        now = time.monotonic()
-        decoding = [s for s in q.decoding if s.status is SeqStatus.RUNNING]
+        q, s = self.queues, self.cfg.serve
+        decoding = [x for x in q.decoding if x.status is SeqStatus.RUNNING]
         state = PolicyState(
-            now=now, total_sms=self.total_sms, splits=self.splits,
-            decode_batch=len(decoding), decode_total_ctx=sum(s.num_tokens for s in decoding),
-            waiting=[WaitingPrompt(s.arrival_time, s.num_uncached) for s in candidates],
+            now=time.monotonic(), total_sms=self.total_sms, splits=self.splits,
+            decode_batch=len(decoding), decode_total_ctx=sum(x.num_tokens for x in decoding),
+            waiting=[WaitingPrompt(x.arrival_time, x.num_uncached) for x in candidates],
             max_prefill_tokens=self.cfg.prefill.max_num_batched_tokens,
             max_prefill_seqs=self.cfg.prefill.max_num_seqs,
             free_seq_slots=self.cfg.decode.max_num_seqs - len(q.decoding) - len(q.prefilling),
             decode_slots=self.cfg.decode.max_num_seqs,
-            fuse=self.cfg.serve.fuse_prefill, fuse_tokens=self.cfg.serve.chunk_size,
-            hold_ms=self.cfg.serve.prefill_hold_fraction * self.slo.ttft_ms,
-            batch_tokens=self.cfg.serve.prefill_batch_tokens)
-        if self.cfg.serve.mode == "static" and self.splits:
+            fuse=s.fuse_prefill, fuse_tokens=s.chunk_size,
+            hold_ms=s.prefill_hold_fraction * self.slo.ttft_ms, batch_tokens=s.prefill_batch_tokens)
+        if s.mode == "static" and self.splits:
             return static_policy(state, self.slo, self.perf, self.splits[0])
         return bullet_policy(state, self.slo, self.perf)
 
     def _launch_prefill(self) -> None:
-        q = self.scheduler
+        q = self.queues
         if not q.waiting:
             return
-        decision = self._decision(list(q.waiting))
-        batch: list[Sequence] = []
         candidates = list(q.waiting)
+        decision = self._decision(candidates)
+        batch: list[Sequence] = []
         for i in decision.admit:
             seq = candidates[i]
             if not q.reserve(seq, seq.num_tokens):
@@ -264,30 +260,46 @@ class SpatialEngineCore(EngineCore):
             q.waiting.remove(seq)
             seq.status = SeqStatus.RUNNING
             q.prefilling.append(seq)
-        chunks = [ScheduledChunk(s, s.num_uncached) for s in batch]
-        items = [self._item(c) for c in chunks]
+        tokens = [x.num_uncached for x in batch]
+        items = [self.requests.item(x, n) for x, n in zip(batch, tokens)]
+        split = SmSplit(self.total_sms, decision.prefill_sms)
         if decision.fuse:
-            self.update.prompts += items
             # timed, predicted and logged as the decode step that carries it
-            self.inflight["fused"] = dict(seqs=batch, chunks=chunks)
+            self.rows.carry_prompts(items)
+            self.fused = PrefillJob(batch, tokens, split)
             return
-        self.current_prefill_sms = decision.prefill_sms
-        sms = self.total_sms if decision.prefill_sms is None else decision.prefill_sms
-        shape = PrefillShape.of([c.num_new_tokens for c in chunks])
-        self.prefill.submit(items, decision.prefill_sms)
-        self.inflight["prefill"] = dict(seqs=batch, chunks=chunks, split=decision.prefill_sms,
-                                        predicted=self.perf.prefill_ms(shape, sms), sms=sms,
-                                        tokens=shape.num_tokens, start=time.monotonic())
+        predicted = self.perf.prefill_ms(PrefillShape.of(tokens), split.prefill_sms)
+        self.prefill.submit(items, split)
+        self.prefilling = PrefillJob(batch, tokens, split, predicted, time.monotonic())
+
+    def _prefilled(self, job: PrefillJob, results: list) -> list[RequestOutput]:
+        """The job's sequences, their prompts now cached, start decoding (or finish)."""
+        q, reqs = self.queues, self.requests
+        outputs = []
+        for seq, n, res in zip(job.seqs, job.tokens, results):
+            if seq.status is not SeqStatus.RUNNING:
+                continue
+            seq.num_cached_tokens += n
+            q.prefilling.remove(seq)
+            q.decoding.append(seq)
+            if seq.request_id in reqs.aborted:
+                reqs.finish(seq, "abort")
+            else:
+                reqs.accept(seq, res)
+            outputs.append(reqs.output(seq))
+            if seq.status is not SeqStatus.FINISHED:
+                self._join(seq)
+        return outputs
 
     # -- results ----------------------------------------------------------------------------
-    def _collect(self):
+    def _collect(self) -> list[RequestOutput]:
         """Waits for the next result of either worker, then takes every other one already
         there (when this loop falls behind the decode worker, it catches up in one call)."""
-        outputs = []
+        outputs: list[RequestOutput] = []
         block = True
         while True:
             try:
-                name, kind, payload = self.results.get(timeout=0.5) if block else self.results.get_nowait()
+                msg = self.results.get(timeout=0.5) if block else self.results.get_nowait()
             except queue.Empty:
                 if not block:
                     return outputs
@@ -297,166 +309,90 @@ class SpatialEngineCore(EngineCore):
                 continue
             block = False
             received = time.monotonic()
-            if kind == "error" and name == "prefill" and "prefill" in self.inflight:
-                outputs += self._prefill_failed(self.inflight.pop("prefill"), payload)
-                continue
-            if kind in ("error", "fatal"):
-                raise WorkerDied(f"{name} worker failed:\n{payload}")
-            if kind == "step_failed":
-                outputs += self._decode_failed(*payload)
-            elif kind == "left":
-                self._free_acknowledged(payload)
-            elif kind == "step":
-                outputs += self._complete_decode(payload, received)
-            else:
-                results, measured_ms = payload
-                job = self.inflight.pop(name)
-                job["end"] = received
-                outputs += self._complete_prefill(job, results, measured_ms)
+            match msg:
+                case BatchDone(results=results, measured_ms=ms) if self.prefilling is not None:
+                    job, self.prefilling = self.prefilling, None
+                    outputs += self._complete_prefill(job, results, ms, received)
+                case BatchFailed(trace=trace) if self.prefilling is not None:
+                    job, self.prefilling = self.prefilling, None
+                    outputs += self._prefill_failed(job, trace)
+                case DecodeStep():
+                    outputs += self._complete_decode(msg, received)
+                case DecodeStepFailed(trace=trace, rows=rows, carried_prompts=carried):
+                    outputs += self._decode_failed(trace, rows, carried)
+                case RowsLeft(rows=rows):
+                    self.allocator.release(self.rows.acknowledged(rows))
+                case WorkerFatal(role=role, trace=trace) | BatchFailed(role=role, trace=trace):
+                    raise WorkerDied(f"{role} worker failed:\n{trace}")
+                case _:
+                    raise WorkerDied(f"unexpected message from a worker: {msg!r}")
 
-    def _free_acknowledged(self, rows: list[int]) -> None:
-        for row in rows:
-            blocks = self.unacked.pop(row, None)
-            if blocks:
-                self.allocator.release(blocks)
-
-    def _complete_prefill(self, job: dict, results, measured_ms: float):
+    def _complete_prefill(self, job: PrefillJob, results: list, measured_ms: float,
+                          received: float) -> list[RequestOutput]:
         self.prefill_failures.succeeded()
-        self.perf.observe("prefill", job["predicted"], measured_ms, job["sms"])
+        sms = job.split.prefill_sms
+        self.perf.observe("prefill", job.predicted_ms, measured_ms, sms)
         outputs = self._prefilled(job, results)
-        self._record("prefill", job["start"], job["end"], len(job["seqs"]), job["tokens"],
-                     job["split"], job["predicted"], measured_ms)
+        self.last_sms = (self.partitioner.total_sms and sms, self.last_sms[1])
+        self.log.record("prefill", job.split, job.start, received, len(job.seqs), sum(job.tokens),
+                        job.predicted_ms, measured_ms, self.queues)
         return outputs
 
-    def _prefill_failed(self, job: dict, trace: str) -> list:
+    def _prefill_failed(self, job: PrefillJob, trace: str) -> list[RequestOutput]:
         """A prefill batch that raised in the worker (out of GPU memory, say) ends its own
         requests with the error and frees their blocks; the worker caught the error and takes
         the next batch, and every other request goes on (bullet_trt/engine/step_failure.py)."""
         reason = last_line(trace)
         self.prefill_failures.failed(reason)
-        report("prefill", len(job["seqs"]), trace)
-        return self._fail_running([c.seq for c in job["chunks"]],
-                                  f"prefill failed on the engine's prefill worker: {reason}")
+        report("prefill", len(job.seqs), trace)
+        return self._fail_running(job.seqs, f"prefill failed on the engine's prefill worker: {reason}")
 
-    def _decode_failed(self, trace: str, rows: list[int], carried_prompts: bool) -> list:
+    def _decode_failed(self, trace: str, rows: list[int], carried_prompts: bool) -> list[RequestOutput]:
         """A decode step that raised in the worker ends the requests of its rows, and those
         of the prompts it carried; the worker dropped those rows and steps the others on."""
         reason = last_line(trace)
         self.decode_failures.failed(reason)
-        seqs = [self.rows[row] for row in rows if row in self.rows]
-        if carried_prompts and "fused" in self.inflight:
-            seqs += self.inflight.pop("fused")["seqs"]
+        seqs = [self.rows.rows[row] for row in rows if row in self.rows.rows]
+        if carried_prompts and self.fused is not None:
+            seqs += self.fused.seqs
+            self.fused = None
         report("decode", len(seqs), trace)
         return self._fail_running(seqs, f"decode failed on the engine's decode worker: {reason}")
 
-    def _fail_running(self, seqs: list[Sequence], message: str) -> list:
-        outputs = []
-        for seq in seqs:
-            if seq.status is not SeqStatus.RUNNING:
-                continue
-            if seq.request_id in self._aborted:
-                self._aborted.remove(seq.request_id)
-            outputs.append(self._fail(seq, message))
-        return outputs
+    def _fail_running(self, seqs: list[Sequence], message: str) -> list[RequestOutput]:
+        return [self.requests.fail(seq, message) for seq in seqs if seq.status is SeqStatus.RUNNING]
 
-    def _prefilled(self, job: dict, results) -> list:
-        """The job's sequences, their prompts now cached, start decoding (or finish)."""
-        q = self.scheduler
-        outputs = []
-        for chunk, res in zip(job["chunks"], results):
-            seq = chunk.seq
-            if seq.status is not SeqStatus.RUNNING:
-                continue
-            seq.num_cached_tokens += chunk.num_new_tokens
-            q.prefilling.remove(seq)
-            q.decoding.append(seq)
-            if seq.request_id in self._aborted:
-                self._aborted.remove(seq.request_id)
-                self.seqs.pop(seq.request_id, None)
-                self._finish(seq, "abort")
-                outputs.append(self._output(seq))
-                continue
-            self._accept(seq, res)
-            outputs.append(self._output(seq))
-            if seq.status is SeqStatus.FINISHED:
-                self.seqs.pop(seq.request_id, None)
-            else:
-                self._join(seq)
-        return outputs
-
-    def _complete_decode(self, step: DecodeStep, received: float):
+    def _complete_decode(self, step: DecodeStep, received: float) -> list[RequestOutput]:
         self.decode_failures.succeeded()
-        self._free_acknowledged(step.left)
+        self.allocator.release(self.rows.acknowledged(step.left))
+        reqs = self.requests
         outputs = []
         for row, token, logprob in zip(step.row_ids, step.token_ids, step.logprobs):
-            seq = self.rows.get(row)
-            if seq is None or seq.request_id in self._aborted:
+            seq = self.rows.rows.get(row)
+            if seq is None or seq.request_id in reqs.aborted:
                 continue  # it left while the worker ran ahead, or it ends at the next step()
             seq.num_cached_tokens += 1
-            self._accept(seq, SampleResult(token, logprob))
-            outputs.append(self._output(seq))
+            reqs.accept(seq, SampleResult(token, logprob))
+            outputs.append(reqs.output(seq))
             if seq.status is SeqStatus.FINISHED:
-                self.seqs.pop(seq.request_id, None)
                 continue
             before = len(seq.block_table)
             if self._ensure_room(seq) and len(seq.block_table) > before:
-                self.update.grants.append((row, seq.block_table[before:]))
-        split = step.prefill_sms
-        sms = self.total_sms if split is None else self.total_sms - split
-        if step.prompt_results is not None:
-            job = self.inflight.pop("fused")
-            shape = PrefillShape.of([c.num_new_tokens for c in job["chunks"]])
-            predicted = self.perf.fused_ms(len(step.row_ids), step.total_ctx, shape, sms)
+                self.rows.grant(row, seq.block_table[before:])
+        sms = step.split.decode_sms
+        self.last_sms = (self.last_sms[0], self.partitioner.total_sms and sms)
+        rows = len(step.row_ids)
+        if step.prompt_results is not None and self.fused is not None:
+            job, self.fused = self.fused, None
+            predicted = self.perf.fused_ms(rows, step.total_ctx, PrefillShape.of(job.tokens), sms)
             self.perf.observe("fused", predicted, step.measured_ms, sms)
             outputs += self._prefilled(job, step.prompt_results)
-            self._record("fused", step.start, received, len(step.row_ids) + len(job["seqs"]),
-                         len(step.row_ids) + step.prompt_tokens, split, predicted, step.measured_ms,
-                         host_gap_ms=step.idle_ms)
+            self.log.record("fused", step.split, step.start, received, rows + len(job.seqs),
+                            rows + step.prompt_tokens, predicted, step.measured_ms, self.queues,
+                            host_gap_ms=step.idle_ms)
             return outputs
-        predicted = self.perf.decode_ms(len(step.row_ids), step.total_ctx, sms)
+        predicted = self.perf.decode_ms(rows, step.total_ctx, sms)
         self.perf.observe("decode", predicted, step.measured_ms, sms)
-        self._record("decode", step.start, received, len(step.row_ids), len(step.row_ids), split,
-                     predicted, step.measured_ms, host_gap_ms=step.idle_ms)
+        self.log.record("decode", step.split, step.start, received, rows, rows, predicted, step.measured_ms,
+                        self.queues, host_gap_ms=step.idle_ms, prefill_in_flight=self.prefilling is not None)
         return outputs
-
-    def _record(self, phase: str, start: float, end: float, batch: int, tokens: int,
-                split: int | None, predicted: float, measured_ms: float,
-                host_gap_ms: float | None = None) -> None:
-        total = self.partitioner.total_sms  # 0 without partitioning (CPU)
-        prefill_sms = total if split is None else split
-        decode_sms = total if split is None else total - split
-        stepping = phase in ("decode", "fused")  # a fused step is decode's, prompts riding along
-        self.last_split = (prefill_sms if phase == "prefill" else self.last_split[0],
-                           decode_sms if stepping else self.last_split[1])
-        if self.log is None:
-            return
-        q = self.scheduler
-        rec = {"t": round(start - self.t0, 6), "phase": phase, "batch": batch,
-               "tokens": tokens, "sms": prefill_sms if phase == "prefill" else decode_sms,
-               "prefill_sms": prefill_sms if split is not None or phase == "prefill" else 0,
-               "decode_sms": decode_sms if split is not None or stepping else 0,
-               "predicted_ms": round(predicted, 3), "measured_ms": round(measured_ms, 3),
-               "waiting": len(q.waiting), "prefilling": len(q.prefilling), "decoding": len(q.decoding),
-               **self.gpu_monitor.sample()}
-        # wall: from the step's start to its result here (measured_ms plus the IPC); host
-        # gap: the decode worker idle since its previous step
-        rec["wall_ms"] = round((end - start) * 1e3, 3)
-        if host_gap_ms is not None:
-            rec["host_gap_ms"] = round(host_gap_ms, 3)
-        self.log.write(json.dumps(rec) + "\n")
-        self.log.flush()
-
-    def stats(self):
-        st = super().stats()
-        st.prefill_sms, st.decode_sms = self.last_split
-        return st
-
-    def close(self) -> None:
-        self.prefill.close()
-        self.decode.close()
-        if self.log is not None:
-            self.log.close()
-        device = self.state.kv_pool.device
-        del self.state
-        if device.type == "cuda":
-            torch.cuda.empty_cache()

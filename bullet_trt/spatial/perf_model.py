@@ -10,8 +10,8 @@ new tokens) one after the other, so each part has its own bound and the step tak
     compute(s)   = peak_tflops * s / total_sms              (GEMM rate scales with SMs)
     bandwidth(s) = bw_max * s * (total + k) / (total * (s + k))   (saturates: k = bw_knee_sms)
 
-so bandwidth(total) = bw_max and half of it needs far fewer than half of the SMs (DESIGN.md
-section 2: 64 of 132 SMs already reach ~90% of the copy bandwidth). A single max over the
+so bandwidth(total) = bw_max and half of it needs far fewer than half of the SMs (docs/gpu-facts.md,
+fact 5: 64 of 132 SMs already reach ~90% of the copy bandwidth). A single max over the
 whole step's work (the first version of this model) is right while both parts are bound by
 the same resource, but a large decode batch has compute-bound GEMMs beside memory-bound
 attention, and their times add: a step of 1024 rows of 512-token contexts on an H200 took

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bullet_trt.protocol import SmSplit
 from bullet_trt.spatial.perf_model import PerfModel, PrefillShape
 
 
@@ -93,7 +94,7 @@ class Decision:
     fuse: bool = False  # the admitted prompts ride in decode's next step (prefill_sms None)
 
     def decode_sms(self, total: int) -> int:
-        return total if self.prefill_sms is None else total - self.prefill_sms
+        return SmSplit(total, self.prefill_sms).decode_sms
 
 
 def _admit(state: PolicyState, slo: SloConfig, model: PerfModel, sms: int) -> tuple[list[int], float]:
@@ -217,7 +218,8 @@ def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decis
         return Decision(None, admit, predicted_prefill_ms=ms)
 
     def decode_ms(prefill_sms: int) -> float:
-        return model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms - prefill_sms)
+        return model.decode_ms(state.decode_batch, state.decode_total_ctx,
+                               SmSplit(state.total_sms, prefill_sms).decode_sms)
 
     tpot_ok = [s for s in state.splits if decode_ms(s) <= slo.decode_step_ms]
     # Fewest prefill SMs that keep TTFT; decode keeps the rest (if that meets TPOT) ...
@@ -243,4 +245,4 @@ def static_policy(state: PolicyState, slo: SloConfig, model: PerfModel, prefill_
     admit, ms = _admit(state, slo, model, prefill_sms)
     return Decision(prefill_sms, admit, predicted_prefill_ms=ms,
                     predicted_decode_ms=model.decode_ms(state.decode_batch, state.decode_total_ctx,
-                                                        state.total_sms - prefill_sms))
+                                                        SmSplit(state.total_sms, prefill_sms).decode_sms))

@@ -1,15 +1,16 @@
 """A worker process that hosts one engine session over the shared weights and KV pool.
 
-Messages are small. A ("run", items, split) message asks for one step over the given
-BatchItems (prefill batches); ("update", DecodeUpdate) messages maintain the worker's own
-decode batch, which it steps on its own for as long as a row can step, sending a DecodeStep
-(tokens, measured time) after each (see decode_batch.py). The heavy state (weights, pool) crosses once, at start-up, as shared-memory / CUDA IPC
-handles. The worker pins its work to its SM partition: at start-up it creates the streams of
+Messages are the small typed ones of bullet_trt/protocol.py. A RunBatch asks for one step
+over the given BatchItems (prefill batches); DecodeUpdates maintain the worker's own decode
+batch, which it steps on its own for as long as a row can step, sending a DecodeStep (tokens,
+measured time) after each (see decode_batch.py). The heavy state (weights, pool) crosses once,
+in WorkerSetup, as shared-memory / CUDA IPC handles. The worker pins its work to its SM partition: at start-up it creates the streams of
 every split it may be given (green contexts, libsmctrl masks) and per iteration only picks one.
 
-A step that raises is reported and the worker goes on: "error" for a prefill batch,
-"step_failed" with its rows for a decode step (those rows leave the batch). When the device's
-context is broken it reports "fatal" and exits instead (bullet_trt/engine/step_failure.py).
+A step that raises is reported and the worker goes on: BatchFailed for a prefill batch,
+DecodeStepFailed with its rows for a decode step (those rows leave the batch). When the
+device's context is broken it reports WorkerFatal and exits instead
+(bullet_trt/engine/step_failure.py).
 """
 from __future__ import annotations
 
@@ -21,9 +22,13 @@ import traceback
 import torch
 import torch.multiprocessing as mp
 
-from bullet_trt.engine.step_failure import device_usable
-from bullet_trt.spatial.decode_batch import DecodeStep, PersistentDecodeBatch
 from bullet_trt.engine.gc_freeze import freeze_startup_objects
+from bullet_trt.engine.shared_state import attach_session
+from bullet_trt.engine.step_failure import device_usable
+from bullet_trt.protocol import (BatchDone, BatchFailed, DecodeStep, DecodeStepFailed, DecodeUpdate, RowsLeft,
+                                 RunBatch, SmSplit, StopWorker, WorkerFatal, WorkerReady, WorkerSetup)
+from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
+from bullet_trt.spatial.partitioners import make_partitioner
 
 
 class WorkerDied(RuntimeError):
@@ -35,11 +40,10 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
     # and unpickling the CUDA IPC handles below creates the context.
     os.environ.update(env)
     try:
-        state, profile, threads, partitioner_kind, splits = inbox.get()
-        if threads:
-            torch.set_num_threads(threads)
-        from bullet_trt.engine.shared_state import attach_session
-        from bullet_trt.spatial.partitioners.base import make_partitioner
+        setup: WorkerSetup = inbox.get()
+        state, profile, partitioner_kind, splits = setup.state, setup.profile, setup.partitioner, setup.splits
+        if setup.threads:
+            torch.set_num_threads(setup.threads)
         session = attach_session(state, profile)
         device = state.kv_pool.device
         spatial = device.type == "cuda" and partitioner_kind != "none"
@@ -54,12 +58,11 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
         session.warm_up()
         _capture_graphs(session, part, name, splits, set_num_sms)
         freeze_startup_objects()
-        outbox.put((name, "ready", {"pid": os.getpid(), "partitions": part.describe(),
-                                     "fused_groups": session.model.fused_groups}))
+        outbox.put(WorkerReady(name, os.getpid(), part.describe(), session.model.fused_groups))
     except Exception:
-        outbox.put((name, "error", traceback.format_exc()))
+        outbox.put(WorkerFatal(name, traceback.format_exc()))
         return
-    batch = PersistentDecodeBatch(state.block_size)
+    batch = PersistentDecodeBatch(state.block_size, part.total_sms)
     last_step_end: float | None = None
     stepped = False  # whether rows stepped last time round: likely they can step again
     parent = mp.parent_process()
@@ -75,20 +78,20 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
                 return
         left: list[int] = []
         while msg is not None:
-            if msg[0] == "stop":
-                return
-            if msg[0] == "update":
-                left += batch.apply(msg[1])
-            else:  # ("run", items, prefill_sms): one step over the given items
-                _, items, prefill_sms = msg
-                try:
-                    results, elapsed_ms, _ = _timed_run(session, device, part, name, prefill_sms, set_num_sms, items)
-                    outbox.put((name, "ok", (results, elapsed_ms)))
-                except Exception:
-                    if not device_usable(device):
-                        outbox.put((name, "fatal", traceback.format_exc()))
-                        return
-                    outbox.put((name, "error", traceback.format_exc()))
+            match msg:
+                case StopWorker():
+                    return
+                case DecodeUpdate():
+                    left += batch.apply(msg)
+                case RunBatch(items=items, split=split):
+                    try:
+                        results, elapsed_ms, _ = _timed_run(session, device, part, name, split, set_num_sms, items)
+                        outbox.put(BatchDone(name, results, elapsed_ms))
+                    except Exception:
+                        if not device_usable(device):
+                            outbox.put(WorkerFatal(name, traceback.format_exc()))
+                            return
+                        outbox.put(BatchFailed(name, traceback.format_exc()))
             try:
                 msg = inbox.get_nowait()
             except queue.Empty:
@@ -98,30 +101,29 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
         stepped = bool(ran)
         if not ran and not prompts:
             if left:
-                outbox.put((name, "left", left))
+                outbox.put(RowsLeft(left))
             continue
         rows = [item for _, item in ran]
         try:
-            results, elapsed_ms, start = _timed_run(session, device, part, name, batch.prefill_sms,
+            results, elapsed_ms, start = _timed_run(session, device, part, name, batch.split,
                                                     set_num_sms, rows + prompts)
         except Exception:
             trace = traceback.format_exc()
             if not device_usable(device):
-                outbox.put((name, "fatal", trace))
+                outbox.put(WorkerFatal(name, trace))
                 return
             # The rows (and prompts) of the failed step end with the error; the others step on.
             failed = [row_id for row_id, _ in ran]
             for row_id in failed:
                 batch.rows.pop(row_id, None)
             if left:
-                outbox.put((name, "left", left))
-            outbox.put((name, "step_failed", (trace, failed, bool(prompts))))
+                outbox.put(RowsLeft(left))
+            outbox.put(DecodeStepFailed(trace, failed, bool(prompts)))
             continue
         row_results = results[:len(rows)]
         tokens = [r.token_id for r in row_results]
         step = DecodeStep(row_ids=[row_id for row_id, _ in ran], token_ids=tokens,
-                          logprobs=[r.logprob for r in row_results], left=left,
-                          prefill_sms=batch.prefill_sms,
+                          logprobs=[r.logprob for r in row_results], left=left, split=batch.split,
                           total_ctx=sum(it.start_pos + 1 for it in rows), start=start,
                           measured_ms=elapsed_ms,
                           idle_ms=None if last_step_end is None else (start - last_step_end) * 1e3,
@@ -129,15 +131,15 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
                           prompt_tokens=sum(len(it.input_token_ids) for it in prompts))
         batch.advance(ran, tokens)
         last_step_end = time.monotonic()
-        outbox.put((name, "step", step))
+        outbox.put(step)
 
 
-def _timed_run(session, device, part, role: str, prefill_sms: int | None, set_num_sms, items):
-    """Runs one step on the partition of `prefill_sms`, waits for it; returns the results,
+def _timed_run(session, device, part, role: str, split: SmSplit, set_num_sms, items):
+    """Runs one step on this role's partition of `split`, waits for it; returns the results,
     the elapsed milliseconds and the start (time.monotonic())."""
-    stream = part.stream(prefill_sms)
+    stream = part.stream(split.prefill)
     if set_num_sms is not None:
-        set_num_sms(_sms_of(part, role, prefill_sms))
+        set_num_sms(split.sms_of(role))
     start = time.monotonic()
     if stream is not None:
         with torch.cuda.stream(stream):
@@ -155,23 +157,17 @@ def _capture_graphs(session, part, role: str, splits: list[int], set_num_sms) ->
     GPU, every batch bucket), captured before serving rather than at first use."""
     if getattr(session, "graphs", None) is None:
         return
-    for split in dict.fromkeys([*splits, None]):  # a static MPS split first: it is its stream
+    for prefill in dict.fromkeys([*splits, None]):  # a static MPS split first: it is its stream
         try:
-            stream = part.stream(split)
+            stream = part.stream(prefill)
         except ValueError:  # a static split serves only its own partition
             continue
         if set_num_sms is not None:
-            set_num_sms(_sms_of(part, role, split))
+            set_num_sms(SmSplit(part.total_sms, prefill).sms_of(role))
         with torch.cuda.stream(stream):  # None: the current stream
             session.capture_graphs()
         if stream is not None:
             stream.synchronize()
-
-
-def _sms_of(part, role: str, prefill_sms: int | None) -> int:
-    if part.is_full(prefill_sms):
-        return part.total_sms
-    return prefill_sms if role == "prefill" else part.total_sms - prefill_sms
 
 
 def _kernel_sm_hook(device):
@@ -193,21 +189,20 @@ class SessionWorker:
         self.name = name
         self.inbox = ctx.Queue()
         self.outbox = outbox if outbox is not None else ctx.Queue()
-        self.busy = False
         self.proc = ctx.Process(target=_worker_main, args=(name, env or {}, self.inbox, self.outbox),
                                 name=f"bullet-{name}", daemon=True)
         self.proc.start()
         if threads is None and state.kv_pool.device.type == "cpu":
             threads = max(1, (os.cpu_count() or 2) // 2)
-        self.inbox.put((state, profile, threads, partitioner_kind, list(splits or [])))
-        who, kind, payload = self._receive(start_timeout_s)
-        if kind != "ready":
-            raise WorkerDied(f"{name} worker failed to start:\n{payload}")
-        self.pid = payload["pid"]
-        self.partitions = payload["partitions"]
+        self.inbox.put(WorkerSetup(state, profile, threads, partitioner_kind, list(splits or [])))
+        ready = self._receive(start_timeout_s)
+        if not isinstance(ready, WorkerReady):
+            raise WorkerDied(f"{name} worker failed to start:\n{getattr(ready, 'trace', ready)}")
+        self.pid = ready.pid
+        self.partitions = ready.partitions
         # Projection groups the attached weights let it run as one GEMM (2 per layer when the
         # shared layout survived the trip into this process).
-        self.fused_groups = payload["fused_groups"]
+        self.fused_groups = ready.fused_groups
 
     def _receive(self, timeout_s: float | None = None):
         waited = 0.0
@@ -221,28 +216,19 @@ class SessionWorker:
                 if timeout_s is not None and waited >= timeout_s:
                     raise WorkerDied(f"{self.name} worker did not answer in {timeout_s:.0f} s")
 
-    def submit(self, items, prefill_sms: int | None = None) -> None:
-        self.busy = True
-        self.inbox.put(("run", items, prefill_sms))
+    def submit(self, items, split: SmSplit) -> None:
+        self.inbox.put(RunBatch(items, split))
 
-    def send_update(self, update) -> None:
-        """Changes to the worker's own decode batch (a DecodeUpdate)."""
-        self.inbox.put(("update", update))
-
-    def result(self):
-        """Blocks for this worker's answer (only when it owns its outbox)."""
-        _, kind, payload = self._receive()
-        self.busy = False
-        if kind != "ok":
-            raise WorkerDied(f"{self.name} worker failed:\n{payload}")
-        return payload[0]
+    def send_update(self, update: DecodeUpdate) -> None:
+        """Changes to the worker's own decode batch."""
+        self.inbox.put(update)
 
     def alive(self) -> bool:
         return self.proc.is_alive()
 
     def close(self) -> None:
         if self.proc.is_alive():
-            self.inbox.put(("stop",))
+            self.inbox.put(StopWorker())
             self.proc.join(timeout=10)
         if self.proc.is_alive():
             self.proc.kill()

@@ -2,7 +2,8 @@
 
 Tensor names follow the TensorRT-LLM backend (see docs/serving.md). Every check names the
 input and the limit it broke, so a client can fix its request without reading our code.
-This module knows nothing about Triton itself: it reads a ``{name: numpy array}`` mapping,
+This module reads the tensors' types and shapes; the values' ranges are checked where every
+entry checks them, bullet_trt/engine/validation.py. It knows nothing about Triton itself: it reads a ``{name: numpy array}`` mapping,
 which keeps it testable without a server.
 """
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt.engine.validation import (RequestError, RequestLimits, validate_params,
+                                          validate_prompt)
 
 # name -> (numpy dtype kinds accepted, Triton type name for messages)
 _BOOL = ("b", "BOOL")
@@ -49,17 +52,10 @@ LIST_INPUTS = ("stop_words", "bad_words")
 MAX_STOP_WORDS = 16
 
 
-class RequestError(ValueError):
-    """A request that cannot be served as sent; the message names the input and the limit."""
-
-
 @dataclass
 class FrontendLimits:
-    max_prompt_len: int  # tokens
-    max_model_len: int  # prompt + output tokens
-    max_tokens_limit: int  # largest max_tokens accepted
+    request: RequestLimits  # the engine's limits, checked by engine/validation.py
     default_max_tokens: int = 64
-    vocab_size: int | None = None
     exclude_input_in_output: bool = True  # default when the request does not say
 
 
@@ -107,18 +103,13 @@ def _utf8(name: str, value: Any) -> str:
                            f"({e.reason})") from None
 
 
-def _int(name: str, a: np.ndarray, lo: int | None = None, hi: int | None = None, what: str = "") -> int:
-    v = int(_scalar(name, a))
-    if lo is not None and v < lo:
-        raise RequestError(f"{name} must be >= {lo}, got {v}")
-    if hi is not None and v > hi:
-        raise RequestError(f"{name} must be <= {hi}{what}, got {v}")
-    return v
+def _int(name: str, a: np.ndarray) -> int:
+    return int(_scalar(name, a))
 
 
 def _float(name: str, a: np.ndarray) -> float:
     v = float(_scalar(name, a))
-    if not math.isfinite(v):
+    if not math.isfinite(v):  # named here: past this point it is just a sampling value
         raise RequestError(f"{name} must be a finite number, got {v}")
     return v
 
@@ -152,39 +143,23 @@ class Frontend:
         if not text:
             raise RequestError("text_input is empty: the prompt must hold at least one character")
 
-        p = SamplingParams()
-        limit_note = f" (max_model_len {lim.max_model_len} minus one prompt token)" \
-            if lim.max_tokens_limit == lim.max_model_len - 1 else ""
-        p.max_tokens = (_int("max_tokens", inputs["max_tokens"], 1, lim.max_tokens_limit, limit_note)
-                        if "max_tokens" in inputs else lim.default_max_tokens)
+        p = SamplingParams(max_tokens=_int("max_tokens", inputs["max_tokens"]) if "max_tokens" in inputs
+                           else lim.default_max_tokens)
         sampling_given = any(k in inputs for k in ("temperature", "top_k", "top_p"))
         # Like the TensorRT-LLM backend: no sampling input at all means greedy decoding.
-        p.temperature = 1.0 if sampling_given else 0.0
-        if "temperature" in inputs:
-            p.temperature = _float("temperature", inputs["temperature"])
-            if p.temperature < 0:
-                raise RequestError(f"temperature must be >= 0, got {p.temperature}")
+        p.temperature = _float("temperature", inputs["temperature"]) if "temperature" in inputs \
+            else (1.0 if sampling_given else 0.0)
         if "top_p" in inputs:
             p.top_p = _float("top_p", inputs["top_p"])
-            if not 0 < p.top_p <= 1:
-                raise RequestError(f"top_p must be in (0, 1], got {p.top_p}")
         if "top_k" in inputs:
-            p.top_k = _int("top_k", inputs["top_k"], 0)
+            p.top_k = _int("top_k", inputs["top_k"])
         for name in ("seed", "random_seed"):
             if name in inputs and p.seed is None:
-                a = inputs[name]
-                _check_dtype(name, a)
-                if a.size != 1:
-                    raise RequestError(f"{name} must hold exactly one value, got shape {_shape(a)}")
-                v = int(a.reshape(-1)[0])
-                if not 0 <= v < 2 ** 64:
-                    raise RequestError(f"{name} must be in [0, 2^64), got {v}")
-                p.seed = v
-        mins = [_int(n, inputs[n], 0) for n in ("min_tokens", "min_length") if n in inputs]
-        p.min_tokens = max(mins) if mins else 0
+                p.seed = _int(name, inputs[name])
+        mins = [_int(n, inputs[n]) for n in ("min_tokens", "min_length") if n in inputs]
+        p.min_tokens = min(mins) if any(m < 0 for m in mins) else max(mins, default=0)
         if "end_id" in inputs:
-            hi = lim.vocab_size - 1 if lim.vocab_size else None
-            p.end_id = _int("end_id", inputs["end_id"], 0, hi, " (the vocabulary size minus one)" if hi else "")
+            p.end_id = _int("end_id", inputs["end_id"])
         if "pad_id" in inputs:
             _int("pad_id", inputs["pad_id"])  # accepted for compatibility; padding is never needed
         if "stop_words" in inputs:
@@ -205,17 +180,9 @@ class Frontend:
                  ("stream", "exclude_input_in_output", "return_num_input_tokens",
                   "return_num_output_tokens", "return_log_probs") if n in inputs}
         p.logprobs = flags.get("return_log_probs", False)
-        try:
-            p.validate(lim.max_tokens_limit)
-        except ValueError as e:  # belt and braces: the checks above should catch everything
-            raise RequestError(str(e)) from None
-
+        validate_params(p, lim.request)
         ids = self.tokenizer.encode(text)
-        if not ids:
-            raise RequestError("text_input encodes to zero tokens: the prompt must hold at least one token")
-        if len(ids) > lim.max_prompt_len:
-            raise RequestError(f"text_input is too long: {len(ids)} tokens, the limit is {lim.max_prompt_len} "
-                               f"tokens (max_model_len {lim.max_model_len} minus one generated token)")
+        validate_prompt(ids, lim.request, field="text_input")
         return ParsedRequest(
             text=text, prompt_token_ids=ids, params=p,
             stream=flags.get("stream", False),

@@ -31,7 +31,8 @@ import numpy as np
 
 from bullet_trt.config import load_engine_config
 from bullet_trt.engine.request import NewRequest, RequestOutput
-from bullet_trt.serving.triton.frontend import Frontend, FrontendLimits, ParsedRequest, RequestError
+from bullet_trt.engine.validation import RequestError, RequestLimits
+from bullet_trt.serving.triton.frontend import Frontend, FrontendLimits, ParsedRequest
 from bullet_trt.serving.triton.metrics import Metrics
 from bullet_trt.serving.engine_process import AsyncEngine, EngineClient, EngineUnavailable
 from bullet_trt.engine.gc_freeze import freeze_startup_objects
@@ -44,7 +45,6 @@ OVERRIDES_ENV = "BULLET_OVERRIDES"  # JSON object of dotted config keys, set by 
 # Model parameters (config.pbtxt) that are not engine-config overrides.
 MODEL_PARAMS = {
     "engine_dir": "engines/default",
-    "executor": "",  # "" = the engine for serve.mode (create_engine); "local" or "workers" force one
     "default_max_tokens": "64",
     "max_tokens_limit": "0",  # 0 = max_model_len - 1
     "exclude_input_in_output": "true",
@@ -151,21 +151,16 @@ class TritonPythonModel:
         from bullet_trt.model.tokenizer import IncrementalDetokenizer, Tokenizer
         self._detok_cls = IncrementalDetokenizer
         self.tokenizer = Tokenizer(self.cfg.tokenizer_path)
-        limit = int(params["max_tokens_limit"]) or self.cfg.max_model_len - 1
+        limits = RequestLimits(self.cfg.max_model_len, vocab_size=self.tokenizer.vocab_size,
+                               max_tokens_cap=int(params["max_tokens_limit"]) or None)
         self.frontend = Frontend(self.tokenizer, FrontendLimits(
-            max_prompt_len=self.cfg.max_prompt_len, max_model_len=self.cfg.max_model_len,
-            max_tokens_limit=limit, default_max_tokens=min(int(params["default_max_tokens"]), limit),
-            vocab_size=self.tokenizer.vocab_size,
+            limits, default_max_tokens=min(int(params["default_max_tokens"]), limits.max_tokens_limit),
             exclude_input_in_output=_truthy(params["exclude_input_in_output"])))
         self.unload_on_failure = _truthy(params["unload_on_engine_failure"])
         self.metrics = Metrics(pb_utils, {"model": self.model_name, "version": str(args.get("model_version", ""))})
 
-        if params["executor"]:  # force one EngineCore executor, whatever serve.mode says
-            factory, engine_kwargs = "bullet_trt.engine.core:EngineCore", {"executor": params["executor"]}
-        else:  # the engine for serve.mode: chunked, bullet or static
-            factory, engine_kwargs = "bullet_trt.engine.core:create_engine", {}
         self.engine: AsyncEngine = EngineClient(
-            self.cfg, factory=factory, engine_kwargs=engine_kwargs, on_stats=self.metrics.update_stats,
+            self.cfg, on_stats=self.metrics.update_stats,
             on_death=self._on_engine_death, num_threads=int(params["engine_threads"]),
             start_timeout=float(params["engine_start_timeout_s"])).start()
         self.metrics.set_ready(True)

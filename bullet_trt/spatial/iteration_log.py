@@ -1,0 +1,46 @@
+"""One JSONL record per prefill batch and decode step (serve.iteration_log), for the SM-split
+timeline (`bullet-trt plot`) and for checking the policy against what ran."""
+from __future__ import annotations
+
+import json
+import time
+
+from bullet_trt.protocol import SmSplit
+from bullet_trt.spatial.gpu_monitor import GpuMonitor
+
+
+class IterationLog:
+    def __init__(self, path: str | None, gpu_index: int | None, partitioned: bool):
+        self.file = open(path, "a") if path else None
+        self.gpu = GpuMonitor(gpu_index) if path else None
+        # Without partitioning (CPU) the records say 0 SMs rather than a made-up count.
+        self.partitioned = partitioned
+        self.t0 = time.monotonic()
+
+    def record(self, phase: str, split: SmSplit, start: float, end: float, batch: int, tokens: int,
+               predicted_ms: float, measured_ms: float, queues, host_gap_ms: float | None = None,
+               prefill_in_flight: bool | None = None) -> None:
+        if self.file is None:
+            return
+        stepping = phase in ("decode", "fused")  # a fused step is decode's, prompts riding along
+        scale = 1 if self.partitioned else 0
+        rec = {"t": round(start - self.t0, 6), "phase": phase, "batch": batch, "tokens": tokens,
+               "sms": scale * (split.prefill_sms if phase == "prefill" else split.decode_sms),
+               "prefill_sms": scale * split.prefill_sms if not split.is_whole or phase == "prefill" else 0,
+               "decode_sms": scale * split.decode_sms if not split.is_whole or stepping else 0,
+               "predicted_ms": round(predicted_ms, 3), "measured_ms": round(measured_ms, 3),
+               "waiting": len(queues.waiting), "prefilling": len(queues.prefilling),
+               "decoding": len(queues.decoding), **self.gpu.sample()}
+        # wall: from the step's start to its result here (measured_ms plus the IPC); host
+        # gap: the decode worker idle since its previous step
+        rec["wall_ms"] = round((end - start) * 1e3, 3)
+        if host_gap_ms is not None:
+            rec["host_gap_ms"] = round(host_gap_ms, 3)
+        if prefill_in_flight is not None:  # a decode step that ended while a prefill batch ran
+            rec["prefill_in_flight"] = prefill_in_flight
+        self.file.write(json.dumps(rec) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
