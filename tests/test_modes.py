@@ -166,6 +166,43 @@ def _mixed_requests(batch):
         for i in range(len(batch))]
 
 
+def test_a_dry_pool_preempts_only_the_rows_it_needs(llama_engine):
+    """Under a dry pool the fewest decoding sequences are preempted. A preempted row's blocks
+    come back only when the decode worker acknowledges its leave, so the pool stays dry until
+    then; the sequence that needed a block waits for them instead of preempting every other
+    row, and gets them with the acknowledgement."""
+    from bullet_trt.engine.request import NewRequest
+    from bullet_trt.engine.sequence import SeqStatus
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    with LLM(str(llama_engine), **{"serve.mode": "bullet", "kv.num_blocks": 16}) as llm:
+        core = llm.engine
+        bs = core.queues.block_size
+        assert core.allocator.num_blocks == 16
+        seqs = []
+        for i in range(4):  # four decoding rows of four full blocks each: the pool is full
+            seq = core.requests.admit(NewRequest(f"r{i}", [5 + i] * (4 * bs), params))
+            seq.status = SeqStatus.RUNNING
+            core.queues.decoding.append(seq)
+            assert core.queues.reserve(seq, seq.num_tokens)
+            seq.num_cached_tokens = seq.num_tokens
+            core.rows.join(seq, core.requests.item(seq, 1))
+            seqs.append(seq)
+        assert core.allocator.num_free == 0
+        newest_row = core.rows.row_of["r3"]
+        seqs[0].output_token_ids.append(9)  # its next position needs a fifth block
+        assert core._ensure_room(seqs[0])
+        assert core.queues.num_preemptions == 1
+        assert core.queues.waiting == [seqs[3]] and seqs[3].status is SeqStatus.WAITING
+        assert [s.status for s in seqs[:3]] == [SeqStatus.RUNNING] * 3
+        assert core.allocator.num_free == 0 and core.rows.pending_blocks == 4
+        assert core.starved == [seqs[0]] and len(seqs[0].block_table) == 4
+        core._free_acknowledged([newest_row])  # the worker acknowledges the leave
+        assert core.starved == [] and len(seqs[0].block_table) == 5
+        row0 = core.rows.row_of["r0"]
+        assert (row0, seqs[0].block_table[4:]) in core.rows.pending.grants
+        assert core.allocator.num_free == 3 and core.queues.num_preemptions == 1
+
+
 @pytest.mark.parametrize("fuse", ["never", "always"])
 def test_spatial_modes_follow_every_rule_under_preemption(llama_engine, fuse):
     """The decode worker steps its own rows: seeded sampling, min_tokens, end ids, stop
@@ -186,8 +223,7 @@ def test_spatial_modes_follow_every_rule_under_preemption(llama_engine, fuse):
     # (prefills at once, as the decode rows come and go: gathering prompts would change
     # when the pool runs dry, not the rules)
     with LLM(str(llama_engine), **{"serve.mode": "bullet", "kv.num_blocks": 24,
-                                                      "serve.prefill_hold_fraction": 0,
-                                                      "serve.fuse_prefill": fuse}) as llm:
+                                   "serve.prefill_hold_fraction": 0, "serve.fuse_prefill": fuse}) as llm:
         out = llm.generate_token_ids(batch, params)
         stats = llm.engine.stats()
     for got, want in zip(out, ref):

@@ -48,6 +48,11 @@ class DecodeRows:
     def carry_prompts(self, items: list[BatchItem]) -> None:
         self.pending.prompts += items
 
+    @property
+    def pending_blocks(self) -> int:
+        """Blocks that come back to the pool once the worker acknowledges the leaves."""
+        return sum(len(blocks) for blocks in self.unacked.values())
+
     def acknowledged(self, rows: list[int]) -> list[int]:
         """The blocks that the acknowledged leaves free."""
         return [b for row in rows for b in self.unacked.pop(row, None) or []]

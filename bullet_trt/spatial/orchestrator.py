@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 
 from bullet_trt.config import ConfigError, EngineConfig
 from bullet_trt.engine.block_allocator import BlockAllocator
+from bullet_trt.engine.kv_pool import blocks_for_tokens
 from bullet_trt.engine.lifecycle import RequestLifecycle
 from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput
 from bullet_trt.engine.sequence import SeqStatus, Sequence
@@ -79,6 +80,7 @@ class SpatialEngine:
         self.prefilling: PrefillJob | None = None  # on the prefill partition
         self.fused: PrefillJob | None = None  # riding in decode's next step
         self.rows = DecodeRows()
+        self.starved: list[Sequence] = []  # decoding, their next block due from acknowledged leaves
         self.lookahead_tokens = 4
         self.prefill_failures = FailureStreak("prefill")
         self.decode_failures = FailureStreak("decode")
@@ -183,6 +185,8 @@ class SpatialEngine:
         acknowledges (DecodeRows), or now when it never joined."""
         self.rows.leave(seq)
         self.queues.release(seq)
+        if seq in self.starved:
+            self.starved.remove(seq)
 
     def _join(self, seq: Sequence) -> None:
         """A prefilled sequence becomes a row of the decode worker's batch."""
@@ -191,17 +195,45 @@ class SpatialEngine:
 
     def _ensure_room(self, seq: Sequence) -> bool:
         """Blocks for the sequence's next step and a few beyond (so the worker, which runs
-        ahead of this loop, need not wait for a grant); preempts the newest decoding
-        sequences when the pool is dry. False when the sequence itself was preempted."""
+        ahead of this loop, need not wait for a grant). When the pool is dry, the newest
+        decoding sequences are preempted, but only as many as the blocks still due from
+        acknowledged leaves do not cover: a preempted row's blocks come back only once the
+        worker acknowledges its leave, so preempting on until the pool itself has room would
+        empty the whole batch. A sequence whose block is due waits, `starved`, and gets it when
+        the acknowledgement comes (`_free_acknowledged`). False when the sequence itself was
+        preempted."""
         q = self.queues
         if q.reserve(seq, min(seq.num_tokens + self.lookahead_tokens, self.requests.limits.max_model_len)):
             return True
-        while not q.reserve(seq, seq.num_tokens):
+        if q.reserve(seq, seq.num_tokens):
+            return True
+        while self.allocator.num_free + self.rows.pending_blocks - self._promised(seq) < self._short_of(seq):
             victim = next(s for s in reversed(q.decoding) if s.status is SeqStatus.RUNNING)
             self._preempt(victim)
             if victim is seq:
                 return False
+        if not q.reserve(seq, seq.num_tokens) and seq not in self.starved:
+            self.starved.append(seq)
         return True
+
+    def _short_of(self, seq: Sequence) -> int:
+        return blocks_for_tokens(seq.num_tokens, self.queues.block_size) - len(seq.block_table)
+
+    def _promised(self, other_than: Sequence) -> int:
+        """Blocks due from acknowledgements that other starved sequences already wait for."""
+        return sum(self._short_of(s) for s in self.starved if s is not other_than)
+
+    def _free_acknowledged(self, rows: list[int]) -> None:
+        """Blocks of acknowledged leaves go back to the pool, and first to starved rows."""
+        self.allocator.release(self.rows.acknowledged(rows))
+        for seq in list(self.starved):
+            before = len(seq.block_table)
+            if not self.queues.reserve(seq, seq.num_tokens):
+                break  # first come, first served: the rest wait for the next acknowledgement
+            self.starved.remove(seq)
+            row = self.rows.row_of.get(seq.request_id)
+            if row is not None:
+                self.rows.grant(row, seq.block_table[before:])
 
     def _preempt(self, seq: Sequence) -> None:
         q = self.queues
@@ -321,7 +353,7 @@ class SpatialEngine:
                 case DecodeStepFailed(trace=trace, rows=rows, carried_prompts=carried):
                     outputs += self._decode_failed(trace, rows, carried)
                 case RowsLeft(rows=rows):
-                    self.allocator.release(self.rows.acknowledged(rows))
+                    self._free_acknowledged(rows)
                 case WorkerFatal(role=role, trace=trace) | BatchFailed(role=role, trace=trace):
                     raise WorkerDied(f"{role} worker failed:\n{trace}")
                 case _:
@@ -364,7 +396,7 @@ class SpatialEngine:
 
     def _complete_decode(self, step: DecodeStep, received: float) -> list[RequestOutput]:
         self.decode_failures.succeeded()
-        self.allocator.release(self.rows.acknowledged(step.left))
+        self._free_acknowledged(step.left)
         reqs = self.requests
         outputs = []
         for row, token, logprob in zip(step.row_ids, step.token_ids, step.logprobs):
