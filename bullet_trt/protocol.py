@@ -122,10 +122,13 @@ class WorkerSetup:
 
 @dataclass
 class RunBatch:
-    """One step over these items on the partition the split gives this worker's role."""
+    """One step over these items on the partition the split gives this worker's role. With
+    `after_decode_epoch` the worker first waits until the decode worker runs at that split
+    epoch (DecodeUpdate.epoch), so that the two partitions never overlap."""
 
     items: list[BatchItem]
     split: SmSplit
+    after_decode_epoch: int = 0
 
 
 @dataclass
@@ -136,6 +139,7 @@ class DecodeUpdate:
     leaves: list[int] = field(default_factory=list)
     grants: list[tuple[int, list[int]]] = field(default_factory=list)  # row id, blocks to append
     split: SmSplit | None = None  # None: unchanged
+    epoch: int = 0  # with a new split: its number, published by the worker once it runs there
     prompts: list[BatchItem] = field(default_factory=list)  # to prefill within the next step
 
     def __bool__(self) -> bool:
@@ -160,6 +164,8 @@ class BatchDone:
     role: str
     results: list[SampleResult | None]
     measured_ms: float
+    start: float = 0.0  # time.monotonic() when the step began, after any wait for the split
+    waited_ms: float = 0.0  # for the decode worker to reach the split (RunBatch.after_decode_epoch)
 
 
 @dataclass

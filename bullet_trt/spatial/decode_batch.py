@@ -28,6 +28,7 @@ class PersistentDecodeBatch:
         self.block_size = block_size
         self.rows: dict[int, BatchItem] = {}
         self.split = SmSplit.whole(total_sms)
+        self.split_epoch = 0
         self.prompts: list[BatchItem] = []
 
     def apply(self, update: DecodeUpdate) -> list[int]:
@@ -44,6 +45,7 @@ class PersistentDecodeBatch:
                 item.block_table.extend(blocks)
         if update.split is not None:
             self.split = update.split
+            self.split_epoch = update.epoch
         self.prompts += update.prompts
         return list(update.leaves)
 

@@ -21,6 +21,7 @@ class DecodeRows:
         self._next_row = 0
         self.pending = DecodeUpdate()
         self._sent_split: SmSplit | None = None
+        self.split_epoch = 0  # the number of the last split sent
 
     def __bool__(self) -> bool:
         return bool(self.rows or self.unacked)
@@ -61,5 +62,7 @@ class DecodeRows:
         """The changes to send, with the split when it differs from the last one sent."""
         if split != self._sent_split:
             self.pending.split = self._sent_split = split
+            self.split_epoch += 1
+            self.pending.epoch = self.split_epoch
         update, self.pending = self.pending, DecodeUpdate()
         return update if update else None

@@ -19,7 +19,7 @@ class IterationLog:
 
     def record(self, phase: str, split: SmSplit, start: float, end: float, batch: int, tokens: int,
                predicted_ms: float, measured_ms: float, queues, host_gap_ms: float | None = None,
-               prefill_in_flight: bool | None = None) -> None:
+               prefill_in_flight: bool | None = None, split_wait_ms: float | None = None) -> None:
         if self.file is None:
             return
         stepping = phase in ("decode", "fused")  # a fused step is decode's, prompts riding along
@@ -38,6 +38,8 @@ class IterationLog:
             rec["host_gap_ms"] = round(host_gap_ms, 3)
         if prefill_in_flight is not None:  # a decode step that ended while a prefill batch ran
             rec["prefill_in_flight"] = prefill_in_flight
+        if split_wait_ms is not None:  # a prefill's wait for decode to reach the complement
+            rec["split_wait_ms"] = round(split_wait_ms, 3)
         self.file.write(json.dumps(rec) + "\n")
         self.file.flush()
 

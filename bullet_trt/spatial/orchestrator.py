@@ -47,7 +47,6 @@ class PrefillJob:
     tokens: list[int]  # tokens each prefills, in order
     split: SmSplit
     predicted_ms: float = 0.0
-    start: float = 0.0
 
 
 class SpatialEngine:
@@ -72,7 +71,9 @@ class SpatialEngine:
         self.slo = SloConfig(ttft_ms=s.ttft_slo_ms, tpot_ms=s.tpot_slo_ms, ttft_plan=s.ttft_plan_fraction,
                              tpot_plan=s.tpot_plan_fraction)
         self.perf = self._load_perf_model(device)
-        self.results = mp.get_context("spawn").Queue()
+        ctx = mp.get_context("spawn")
+        self.results = ctx.Queue()
+        self.decode_epoch = ctx.RawValue("q", 0)  # the split epoch the decode worker runs at
         static_split = self.splits[0] if static and self.splits else None
         self.prefill, self.decode = (self._start_worker(role, profile, static_split)
                                      for role, profile in (("prefill", cfg.prefill), ("decode", cfg.decode)))
@@ -107,7 +108,7 @@ class SpatialEngine:
         if self.cfg.serve.libsmctrl_path:
             env["LIBSMCTRL_PATH"] = self.cfg.serve.libsmctrl_path
         return SessionWorker(role, self.state, profile, self.partitioner.name, self.splits, env,
-                             outbox=self.results)
+                             outbox=self.results, decode_epoch=self.decode_epoch)
 
     def _load_perf_model(self, device) -> PerfModel:
         """The calibrated model of the engine directory, else uncalibrated defaults that the
@@ -301,8 +302,10 @@ class SpatialEngine:
             self.fused = PrefillJob(batch, tokens, split)
             return
         predicted = self.perf.prefill_ms(PrefillShape.of(tokens), split.prefill_sms)
-        self.prefill.submit(items, split)
-        self.prefilling = PrefillJob(batch, tokens, split, predicted, time.monotonic())
+        self.prefilling = PrefillJob(batch, tokens, split, predicted)
+        self._send_decode_update()  # decode's move to the complement gets its epoch now
+        wait = self.cfg.serve.prefill_waits_for_split and not split.is_whole
+        self.prefill.submit(items, split, after_decode_epoch=self.rows.split_epoch if wait else 0)
 
     def _prefilled(self, job: PrefillJob, results: list) -> list[RequestOutput]:
         """The job's sequences, their prompts now cached, start decoding (or finish)."""
@@ -342,9 +345,9 @@ class SpatialEngine:
             block = False
             received = time.monotonic()
             match msg:
-                case BatchDone(results=results, measured_ms=ms) if self.prefilling is not None:
+                case BatchDone() if self.prefilling is not None:
                     job, self.prefilling = self.prefilling, None
-                    outputs += self._complete_prefill(job, results, ms, received)
+                    outputs += self._complete_prefill(job, msg, received)
                 case BatchFailed(trace=trace) if self.prefilling is not None:
                     job, self.prefilling = self.prefilling, None
                     outputs += self._prefill_failed(job, trace)
@@ -359,15 +362,14 @@ class SpatialEngine:
                 case _:
                     raise WorkerDied(f"unexpected message from a worker: {msg!r}")
 
-    def _complete_prefill(self, job: PrefillJob, results: list, measured_ms: float,
-                          received: float) -> list[RequestOutput]:
+    def _complete_prefill(self, job: PrefillJob, done: BatchDone, received: float) -> list[RequestOutput]:
         self.prefill_failures.succeeded()
         sms = job.split.prefill_sms
-        self.perf.observe("prefill", job.predicted_ms, measured_ms, sms)
-        outputs = self._prefilled(job, results)
+        self.perf.observe("prefill", job.predicted_ms, done.measured_ms, sms)
+        outputs = self._prefilled(job, done.results)
         self.last_sms = (self.partitioner.total_sms and sms, self.last_sms[1])
-        self.log.record("prefill", job.split, job.start, received, len(job.seqs), sum(job.tokens),
-                        job.predicted_ms, measured_ms, self.queues)
+        self.log.record("prefill", job.split, done.start, received, len(job.seqs), sum(job.tokens),
+                        job.predicted_ms, done.measured_ms, self.queues, split_wait_ms=done.waited_ms)
         return outputs
 
     def _prefill_failed(self, job: PrefillJob, trace: str) -> list[RequestOutput]:

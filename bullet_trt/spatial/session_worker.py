@@ -35,7 +35,7 @@ class WorkerDied(RuntimeError):
     pass
 
 
-def _worker_main(name: str, env: dict, inbox, outbox) -> None:
+def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
     # Before anything touches CUDA: MPS reads its thread percentage at context creation,
     # and unpickling the CUDA IPC handles below creates the context.
     os.environ.update(env)
@@ -83,10 +83,15 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
                     return
                 case DecodeUpdate():
                     left += batch.apply(msg)
-                case RunBatch(items=items, split=split):
+                    if msg.epoch and decode_epoch is not None:
+                        # Between steps: nothing of this worker runs on the old split any more.
+                        decode_epoch.value = msg.epoch
+                case RunBatch(items=items, split=split, after_decode_epoch=epoch):
                     try:
-                        results, elapsed_ms, _ = _timed_run(session, device, part, name, split, set_num_sms, items)
-                        outbox.put(BatchDone(name, results, elapsed_ms))
+                        waited_ms = _wait_for_epoch(decode_epoch, epoch, parent)
+                        results, elapsed_ms, start = _timed_run(session, device, part, name, split, set_num_sms,
+                                                                items)
+                        outbox.put(BatchDone(name, results, elapsed_ms, start, waited_ms))
                     except Exception:
                         if not device_usable(device):
                             outbox.put(WorkerFatal(name, traceback.format_exc()))
@@ -132,6 +137,21 @@ def _worker_main(name: str, env: dict, inbox, outbox) -> None:
         batch.advance(ran, tokens)
         last_step_end = time.monotonic()
         outbox.put(step)
+
+
+def _wait_for_epoch(decode_epoch, epoch: int, parent, limit_s: float = 5.0) -> float:
+    """Waits until the decode worker runs at split `epoch` (it switches between two of its
+    steps, so this is at most one decode step); returns the milliseconds waited. Past
+    `limit_s` (a decode worker that stopped answering) it goes on, and the orchestrator
+    learns of the dead worker from its exit."""
+    if not epoch or decode_epoch is None:
+        return 0.0
+    start = time.monotonic()
+    while decode_epoch.value < epoch:
+        if time.monotonic() - start > limit_s or (parent is not None and not parent.is_alive()):
+            break
+        time.sleep(0.0002)
+    return (time.monotonic() - start) * 1e3
 
 
 def _timed_run(session, device, part, role: str, split: SmSplit, set_num_sms, items):
@@ -184,12 +204,14 @@ class SessionWorker:
 
     def __init__(self, name: str, state, profile, partitioner_kind: str = "none",
                  splits: list[int] | None = None, env: dict | None = None, outbox=None,
-                 threads: int | None = None, start_timeout_s: float = 300.0):
+                 threads: int | None = None, start_timeout_s: float = 300.0, decode_epoch=None):
         ctx = mp.get_context("spawn")
         self.name = name
         self.inbox = ctx.Queue()
         self.outbox = outbox if outbox is not None else ctx.Queue()
-        self.proc = ctx.Process(target=_worker_main, args=(name, env or {}, self.inbox, self.outbox),
+        # decode_epoch: a shared counter (multiprocessing.RawValue) the decode worker sets to
+        # the split epoch it runs at and the prefill worker waits on; shared by inheritance.
+        self.proc = ctx.Process(target=_worker_main, args=(name, env or {}, self.inbox, self.outbox, decode_epoch),
                                 name=f"bullet-{name}", daemon=True)
         self.proc.start()
         if threads is None and state.kv_pool.device.type == "cpu":
@@ -216,8 +238,8 @@ class SessionWorker:
                 if timeout_s is not None and waited >= timeout_s:
                     raise WorkerDied(f"{self.name} worker did not answer in {timeout_s:.0f} s")
 
-    def submit(self, items, split: SmSplit) -> None:
-        self.inbox.put(RunBatch(items, split))
+    def submit(self, items, split: SmSplit, after_decode_epoch: int = 0) -> None:
+        self.inbox.put(RunBatch(items, split, after_decode_epoch))
 
     def send_update(self, update: DecodeUpdate) -> None:
         """Changes to the worker's own decode batch."""

@@ -1,0 +1,67 @@
+"""How disjoint prefill and decode really were, read from an iteration log
+(serve.iteration_log): the share of prefill time during which a decode step ran on SMs the
+prefill also held, how often the split changed, and where decode steps ran.
+
+    bullet-trt bench overlap iterations.jsonl [--json]
+
+Steps are intervals [t, t + measured_ms] of one monotonic clock shared by the worker
+processes; a prefill on P SMs and a decode step on D SMs share SMs when P + D exceeds the
+GPU's SMs (a decode step on the whole GPU always does).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from bullet_trt.tools.bench.plot_iterations import load
+
+
+def overlap_report(records: list[dict]) -> dict:
+    total = max((max(r.get("prefill_sms", 0), r.get("decode_sms", 0)) for r in records), default=0)
+    prefills = [r for r in records if r["phase"] == "prefill"]
+    decodes = [r for r in records if r["phase"] in ("decode", "fused")]
+    prefill_s = shared_s = 0.0
+    for p in prefills:
+        p0, p1 = p["t"], p["t"] + p["measured_ms"] / 1e3
+        prefill_s += p1 - p0
+        spans = sorted((max(p0, d["t"]), min(p1, d["t"] + d["measured_ms"] / 1e3)) for d in decodes
+                       if p["prefill_sms"] + d["decode_sms"] > total)
+        end = p0
+        for a, b in spans:  # union of the overlapping decode steps inside this prefill
+            a = max(a, end)
+            if b > a:
+                shared_s += b - a
+                end = b
+    splits = [r["prefill_sms"] for r in prefills]
+    return {
+        "total_sms": total,
+        "prefills": len(prefills),
+        "decode_steps": len(decodes),
+        "prefill_time_s": round(prefill_s, 4),
+        "prefill_time_sharing_sms_s": round(shared_s, 4),
+        "prefill_share_sharing_sms": round(shared_s / prefill_s, 4) if prefill_s else 0.0,
+        "split_changes": sum(a != b for a, b in zip(splits, splits[1:])),
+        "decode_steps_on_whole_gpu": round(sum(d["decode_sms"] == total for d in decodes) / len(decodes), 4)
+        if decodes else 0.0,
+        "prefill_split_wait_ms_mean": round(sum(p.get("split_wait_ms", 0.0) for p in prefills) / len(prefills), 3)
+        if prefills else 0.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bullet-trt bench overlap", description=__doc__.split("\n\n")[0])
+    ap.add_argument("log", help="iteration log (JSONL) written with serve.iteration_log")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = ap.parse_args(argv)
+    report = overlap_report(load(args.log))
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for key, value in report.items():
+            print(f"{key:32s} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
