@@ -206,6 +206,17 @@ def _coerce(text: str, current: Any) -> Any:
     return text
 
 
+def parse_overrides(items: list[str] | None) -> dict[str, str]:
+    """``["serve.mode=chunked", ...]`` (the CLI's ``--set``) as a dict of dotted keys."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value (e.g. serve.mode=chunked), got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def apply_overrides(cfg: EngineConfig, overrides: dict[str, Any] | None) -> EngineConfig:
     """Sets dotted keys (``serve.mode``); string values are coerced to the field's type."""
     for dotted, value in (overrides or {}).items():

@@ -9,7 +9,7 @@ from bullet_trt.engine.block_allocator import BlockAllocator, OutOfBlocks
 from bullet_trt.serving.llm import LLM
 from bullet_trt.engine.request import NewRequest
 from bullet_trt.engine.sampling import SamplingParams
-from build_engines import build_from_checkpoint
+from bullet_trt.tools.build import build_from_checkpoint
 from tests.checkpoints import make_checkpoint
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]

@@ -65,7 +65,7 @@ def test_prompts_fused_into_decode_steps_give_the_same_outputs(llama_engine, tmp
 
 @pytest.fixture(scope="module")
 def default_engine(tmp_path_factory):
-    from build_engines import build_default_engine
+    from bullet_trt.tools.build import build_default_engine
     return build_default_engine(tmp_path_factory.mktemp("default") / "engine")
 
 

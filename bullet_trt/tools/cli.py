@@ -1,4 +1,4 @@
-"""`bullet-trt`: serve, generate, and (from later issues) bench, doctor, plot.
+"""`bullet-trt`: serve, generate, build, demo, doctor, bench, plot.
 
     bullet-trt serve [--engine-dir DIR] [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
                      [--set key=value ...] [-- extra tritonserver flags]
@@ -13,15 +13,14 @@ import os
 import sys
 from pathlib import Path
 
+from bullet_trt.config import ConfigError, parse_overrides
+
 
 def parse_sets(items: list[str] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"--set expects key=value (e.g. serve.mode=chunked), got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
+    try:
+        return parse_overrides(items)
+    except ConfigError as e:
+        raise SystemExit(str(e))
 
 
 # -- serve ------------------------------------------------------------------------------------
@@ -37,8 +36,7 @@ def cmd_serve(args) -> int:
         engine_dir = server.DEFAULT_ENGINE_DIR
         if not (engine_dir / "engine.yaml").is_file():
             print(f"bullet-trt: building the embedded default engine in {engine_dir}", file=sys.stderr)
-            sys.path.insert(0, str(server.PROJECT_ROOT))
-            from build_engines import build_default_engine
+            from bullet_trt.tools.build import build_default_engine
             build_default_engine(engine_dir)
     # Fail here, with a readable message, rather than inside the server's model load.
     try:
@@ -78,7 +76,7 @@ def _serve_with_own_mps(cmd: list[str], env: dict[str, str]) -> int:
     import signal
     import subprocess
 
-    from bullet_trt.spatial.partitioners.mps import start_mps_daemon, stop_mps_daemon
+    from bullet_trt.spatial.partitioners.mps_daemon import start_mps_daemon, stop_mps_daemon
 
     mps_env = start_mps_daemon()
     env = {**env, **mps_env}
@@ -100,6 +98,7 @@ def _serve_with_own_mps(cmd: list[str], env: dict[str, str]) -> int:
 
 def cmd_generate(args) -> int:
     from bullet_trt import LLM, SamplingParams
+    from bullet_trt.engine.validation import validate_params
 
     overrides = parse_sets(args.set)
     prompts = list(args.prompt or [])
@@ -111,7 +110,7 @@ def cmd_generate(args) -> int:
                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               seed=args.seed, stop=list(args.stop or []), ignore_eos=args.ignore_eos)
     try:
-        sampling.validate()
+        validate_params(sampling)
     except ValueError as e:
         raise SystemExit(f"bullet-trt generate: {e}")
     with LLM(args.engine_dir, **overrides) as llm:
@@ -127,6 +126,7 @@ def cmd_generate(args) -> int:
 # name -> (candidate modules, help). A module provides main(argv) -> int; the arguments after
 # the subcommand go to it unchanged. Modules are imported only when their command runs.
 EXTERNAL = {
+    "build": (("bullet_trt.tools.build",), "build an engine directory (the embedded model, a checkpoint, dummy weights; --profile calibrates)"),
     "bench": (("bullet_trt.tools.bench.cli",), "load generator and benchmarks against a running server"),
     "doctor": (("bullet_trt.tools.doctor",), "check the machine: GPU, MPS, SM partitioning"),
     "plot": (("bullet_trt.tools.bench.plot", "bullet_trt.tools.bench.plot_iterations"), "plot benchmark / iteration logs"),

@@ -27,8 +27,7 @@ def ensure_engine(engine_dir: str | None) -> Path:
     path = server.DEFAULT_ENGINE_DIR
     if not (path / "engine.yaml").is_file():
         print(f"demo: building the embedded default engine in {path}", flush=True)
-        sys.path.insert(0, str(server.PROJECT_ROOT))
-        from build_engines import build_default_engine
+        from bullet_trt.tools.build import build_default_engine
         build_default_engine(path)
     return path
 

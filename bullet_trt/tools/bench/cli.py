@@ -1,6 +1,7 @@
 """`bullet-trt bench <kind>`: kernels (GPU ceilings and the engine against them), serve (load
 generator against a running server), hf-peer (transformers' continuous batching on the same
-workload)."""
+workload), decode-profile (where a decode step's time goes), overlap (how disjoint prefill and
+decode were, from an iteration log)."""
 from __future__ import annotations
 
 import importlib
@@ -10,6 +11,8 @@ KINDS = {
     "kernels": "bullet_trt.tools.bench.kernel_bench",
     "serve": "bullet_trt.tools.bench.serve_bench",
     "hf-peer": "bullet_trt.tools.bench.hf_peer",
+    "decode-profile": "bullet_trt.tools.bench.decode_profile",
+    "overlap": "bullet_trt.tools.bench.split_overlap",
 }
 
 

@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from bullet_trt.tools.cli import parse_sets
+from bullet_trt.config import parse_overrides
 from bullet_trt.tools.bench import capacity
 from bullet_trt.tools.bench import datasets as ds
 from bullet_trt.tools.bench.metrics import RequestRecord, cdf, slo_attainment, summarize
@@ -611,7 +611,7 @@ def server_settings(args) -> dict[str, str]:
     an explicit --set of either still wins."""
     slos = {key: f"{value:g}" for key, value in (("serve.ttft_slo_ms", args.ttft_slo_ms),
                                                  ("serve.tpot_slo_ms", args.tpot_slo_ms)) if value is not None}
-    return {**slos, **parse_sets(args.set)}
+    return {**slos, **parse_overrides(args.set)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -629,8 +629,7 @@ def main(argv: list[str] | None = None) -> int:
         from bullet_trt.serving.triton import server as srv
         args.engine_dir = str(srv.DEFAULT_ENGINE_DIR)
         if not (srv.DEFAULT_ENGINE_DIR / "engine.yaml").is_file():
-            sys.path.insert(0, str(srv.PROJECT_ROOT))
-            from build_engines import build_default_engine
+            from bullet_trt.tools.build import build_default_engine
             build_default_engine(srv.DEFAULT_ENGINE_DIR)
     try:
         tok, max_len, note = resolve_tokenizer(args)

@@ -1,0 +1,199 @@
+"""Builds an engine directory: engine.yaml (checkpoint, tokenizer, prefill and decode
+profiles, KV pool) next to or pointing at a Hugging Face checkpoint.
+
+    bullet-trt build                                         # the embedded default model
+    bullet-trt build --checkpoint /models/Llama-3.1-8B-Instruct --out engines/llama8b
+
+(`python build_engines.py ...` at the repository root is the same command.)
+
+The embedded default is a tiny Llama-architecture model with RANDOM, UNTRAINED weights
+(deterministic from --seed) and a real byte-level BPE tokenizer trained on a small built-in
+corpus. It exists so the whole server runs on two CPU cores; its text is gibberish.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bullet_trt.config import ConfigError, EngineConfig, ProfileConfig, parse_overrides, save_engine_config
+from bullet_trt.serving.triton.server import DEFAULT_ENGINE_DIR, PROJECT_ROOT
+
+ROOT = PROJECT_ROOT
+
+# The embedded default: big enough to exercise GQA, several layers and paging, small enough
+# that a CPU answers in milliseconds per token.
+DEFAULT_HPARAMS = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                       num_attention_heads=8, num_key_value_heads=4, vocab_size=2048,
+                       max_position_embeddings=2048)
+UNTRAINED_NOTE = ("UNTRAINED: random weights from seed {seed}; a tiny Llama-architecture model "
+                  "for development and tests. Its output text is meaningless.")
+
+
+def write_random_llama(out: Path, seed: int, hp: dict) -> None:
+    """A Hugging Face style Llama checkpoint (config.json + model.safetensors) with random weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 1024},
+        "tie_word_embeddings": False, "attention_bias": False, "torch_dtype": "float32",
+        "bos_token_id": 0, "eos_token_id": 1, **hp,
+    }
+    g = torch.Generator().manual_seed(seed)
+    h, inter, vocab = hp["hidden_size"], hp["intermediate_size"], hp["vocab_size"]
+    head_dim = h // hp["num_attention_heads"]
+    kv = hp["num_key_value_heads"] * head_dim
+
+    def rand(*shape, std=0.02):
+        return torch.randn(*shape, generator=g) * std
+
+    def norm():
+        return 1.0 + rand(h, std=0.1)
+
+    w = {"model.embed_tokens.weight": rand(vocab, h, std=1.0), "model.norm.weight": norm(),
+         "lm_head.weight": rand(vocab, h, std=0.05)}
+    for i in range(hp["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w |= {p + "self_attn.q_proj.weight": rand(h, h, std=h ** -0.5),
+              p + "self_attn.k_proj.weight": rand(kv, h, std=h ** -0.5),
+              p + "self_attn.v_proj.weight": rand(kv, h, std=h ** -0.5),
+              p + "self_attn.o_proj.weight": rand(h, h, std=h ** -0.5),
+              p + "mlp.gate_proj.weight": rand(inter, h, std=h ** -0.5),
+              p + "mlp.up_proj.weight": rand(inter, h, std=h ** -0.5),
+              p + "mlp.down_proj.weight": rand(h, inter, std=inter ** -0.5),
+              p + "input_layernorm.weight": norm(), p + "post_attention_layernorm.weight": norm()}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in w.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 0, "eos_token_id": 1}, indent=2) + "\n")
+
+
+def default_profiles(max_model_len: int) -> tuple[ProfileConfig, ProfileConfig]:
+    """Prefill: many tokens, few sequences. Decode: many sequences, one token each."""
+    prefill = ProfileConfig(max_num_seqs=8, max_num_batched_tokens=max(4096, max_model_len),
+                            max_model_len=max_model_len)
+    decode = ProfileConfig(max_num_seqs=64, max_num_batched_tokens=64, max_model_len=max_model_len,
+                           cuda_graph_batch_sizes=[1, 2, 4, 8, 16, 24, 32, 48, 64])
+    return prefill, decode
+
+
+def build_default_engine(out: Path = DEFAULT_ENGINE_DIR, seed: int = 0, force: bool = False) -> Path:
+    from bullet_trt.model.default_tokenizer import write_default_tokenizer
+
+    out = Path(out)
+    if (out / "engine.yaml").is_file() and not force:
+        return out
+    ckpt = out / "checkpoint"
+    write_random_llama(ckpt, seed, DEFAULT_HPARAMS)
+    write_default_tokenizer(ckpt, vocab_size=DEFAULT_HPARAMS["vocab_size"])
+    prefill, decode = default_profiles(max_model_len=1024)
+    cfg = EngineConfig(checkpoint="checkpoint", tokenizer="checkpoint", dtype="auto", seed=seed,
+                       untrained=True, description=UNTRAINED_NOTE.format(seed=seed),
+                       prefill=prefill, decode=decode)
+    cfg.kv.cpu_pool_mib = 64
+    save_engine_config(cfg, out, header="bullet_trt engine directory (embedded default).\n"
+                       + UNTRAINED_NOTE.format(seed=seed))
+    return out
+
+
+def build_from_checkpoint(checkpoint: Path, out: Path, max_model_len: int | None, dtype: str) -> Path:
+    from bullet_trt.model.arch import ModelArch
+
+    arch = ModelArch.from_checkpoint(checkpoint)  # fails early on an unsupported checkpoint
+    if not (checkpoint / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{checkpoint / 'tokenizer.json'} not found: the tokenizer must "
+                                "be in the checkpoint directory as tokenizer.json")
+    max_len = max_model_len or min(arch.max_position_embeddings, 8192)
+    prefill, decode = default_profiles(max_len)
+    cfg = EngineConfig(checkpoint=str(checkpoint.resolve()), tokenizer=str(checkpoint.resolve()),
+                       dtype=dtype, prefill=prefill, decode=decode,
+                       description=f"{arch.family} checkpoint {checkpoint.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    save_engine_config(cfg, out, header=f"bullet_trt engine directory for {checkpoint}")
+    return out
+
+
+def build_dummy_engine(arch_name: str, out: Path, max_model_len: int | None, seed: int) -> Path:
+    """Random weights of a real architecture (made on the device at load time) and a
+    tokenizer whose vocabulary covers the model's: the default BPE plus filler tokens."""
+    from tokenizers import AddedToken, Tokenizer as HFTokenizer
+
+    from bullet_trt.model.default_tokenizer import write_default_tokenizer
+    from bullet_trt.model.presets import PRESETS
+
+    if arch_name not in PRESETS:
+        raise ValueError(f"--arch must be one of {sorted(PRESETS)}, got {arch_name!r}")
+    hp = PRESETS[arch_name]
+    ckpt = out / "checkpoint"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / "config.json").write_text(json.dumps(hp, indent=2) + "\n")
+    write_default_tokenizer(ckpt)
+    tok = HFTokenizer.from_file(str(ckpt / "tokenizer.json"))
+    filler = [AddedToken(f"<|filler_{i}|>", special=False, normalized=False)
+              for i in range(tok.get_vocab_size(), hp["vocab_size"])]
+    tok.add_tokens(filler)
+    tok.save(str(ckpt / "tokenizer.json"))
+    max_len = max_model_len or 8192
+    prefill, decode = default_profiles(max_len)
+    note = f"DUMMY WEIGHTS: random weights with the shape of {arch_name} (seed {seed}); for benchmarks."
+    cfg = EngineConfig(checkpoint="checkpoint", tokenizer="checkpoint", dtype="bfloat16", seed=seed,
+                       untrained=True, dummy_weights=True, description=note,
+                       prefill=prefill, decode=decode)
+    save_engine_config(cfg, out, header=note)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bullet-trt build", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", type=Path, help="Hugging Face checkpoint directory")
+    ap.add_argument("--out", type=Path, help="engine directory to write (default engines/default)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the embedded default's weights")
+    ap.add_argument("--max-model-len", type=int, help="prompt + output tokens per sequence")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--force", action="store_true", help="rebuild the default even if present")
+    ap.add_argument("--dummy-weights", action="store_true",
+                    help="random weights of the --arch preset, made on the device at load time")
+    ap.add_argument("--arch", help="preset for --dummy-weights: llama-3.1-8b, qwen3-8b, llama-3.1-70b")
+    ap.add_argument("--profile", action="store_true",
+                    help="measure the engine on this GPU and write the calibrated performance model")
+    ap.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="with --profile: engine configuration the server will run with (as its --set), "
+                         "e.g. decode.max_num_seqs=1024, whose decode profile bounds the batches measured")
+    args = ap.parse_args(argv)
+    if args.profile:
+        from bullet_trt.spatial.calibrate import calibrate_engine_dir
+        target = args.out or DEFAULT_ENGINE_DIR
+        if args.dummy_weights or args.checkpoint:
+            raise SystemExit("--profile calibrates an existing engine directory (--out); build it first")
+        try:
+            overrides = parse_overrides(args.set)
+        except ConfigError as e:
+            raise SystemExit(f"bullet-trt build: {e}")
+        calibrate_engine_dir(target, overrides=overrides)
+        return 0
+    if args.set:
+        raise SystemExit("--set applies to --profile only; a server takes its overrides itself")
+    if args.dummy_weights:
+        if not args.arch:
+            raise SystemExit("--dummy-weights needs --arch (one of llama-3.1-8b, qwen3-8b, llama-3.1-70b)")
+        out = build_dummy_engine(args.arch, args.out or ROOT / "engines" / args.arch,
+                                 args.max_model_len, args.seed)
+    elif args.checkpoint:
+        out = build_from_checkpoint(args.checkpoint, args.out or ROOT / "engines" / args.checkpoint.name,
+                                    args.max_model_len, args.dtype)
+    else:
+        out = build_default_engine(args.out or DEFAULT_ENGINE_DIR, args.seed, args.force)
+    print(f"engine directory: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
