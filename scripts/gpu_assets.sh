@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes the .whl/ folder that the GPU scripts (scripts/gpu_server_env.sh) unpack on a GPU machine
+# Makes the .whl/ folder that scripts/gpu_run.sh installs on a GPU machine
 # without registry access, from a machine that reaches PyPI:
 #   triton_min.tar.xz       the nvidia-pytriton wheel's tritonserver, Python backend, the stub for
 #                           $PY_VERSION and its bundled libraries (the other stubs and the

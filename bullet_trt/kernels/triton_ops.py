@@ -37,11 +37,12 @@ __all__ = ["rms_norm", "add_rms_norm", "silu_and_mul", "apply_rope", "write_kv_c
 LOG2E = 1.4426950408889634
 
 # Mixed batches: single-token sequences take the split-KV decode kernel (True) or go through
-# the prefill kernel with the rest (False). Both are exact; the check script tests both.
+# the prefill kernel with the rest (False). Both are exact; tests/gpu/test_triton_kernels.py
+# tests both.
 MIXED_DECODE_SPLIT = True
 
-# Tile configurations, keyed by (fp32 inputs, head_dim > 128). Module-level so the check
-# script can sweep them; the engine never needs to touch them.
+# Tile configurations, keyed by (fp32 inputs, head_dim > 128). Module-level so that
+# `bullet-trt bench kernels --sweep` can sweep them; the engine never needs to touch them.
 # Chosen so that sm_90 builds do not spill registers (checked with ptxas); fp32 takes the exact
 # (FMA, "ieee") dot path and exists for tests, not speed.
 DECODE_CONFIGS = {
@@ -68,7 +69,7 @@ _NUM_SMS: int | None = None
 # The Triton interpreter (TRITON_INTERPRET=1, CPU) computes bf16 tl.dot wrongly; there the
 # attention kernels feed fp32 copies of the (already rounded) operands to tl.dot instead.
 _UPCAST_DOT = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-# Set by the check script: fresh outputs start as NaN so unwritten elements show up.
+# Set by the kernel tests: fresh outputs start as NaN so unwritten elements show up.
 _POISON = False
 
 
@@ -91,7 +92,7 @@ def use_cublaslt() -> None:
     """Routes torch's GEMMs through cuBLASLt. cuBLAS sizes a GEMM's grid for every SM of the
     device, so on a green partition the grid can take an extra, mostly idle wave; cuBLASLt
     takes the SM count to plan for (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, set by set_num_sms).
-    Measured on an H200 (scripts/gpu_blas_partition_check.py): decode steps 13-15% faster on
+    Measured on an H200 (now `bullet-trt bench kernels --compare-blas`): decode steps 13-15% faster on
     32-104 SM partitions, prefill up to 17%, and 2-3% faster on the whole GPU."""
     torch.backends.cuda.preferred_blas_library("cublaslt")
 

@@ -35,9 +35,11 @@ import time
 import traceback
 from typing import Any, Callable
 
-from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput, coalesce
 from bullet_trt.engine.gc_freeze import freeze_startup_objects
+from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput, coalesce
 from bullet_trt.engine.stall_watch import StallWatch
+from bullet_trt.protocol import (AbortRequest, AddRequest, EngineFailed, EngineInfo, EngineReady, Shutdown,
+                                 StatsUpdate, StepOutputs)
 
 log = logging.getLogger("bullet_trt.engine_process")
 

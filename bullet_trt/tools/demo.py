@@ -11,7 +11,6 @@ import argparse
 import json
 import queue
 import signal
-import sys
 import time
 from pathlib import Path
 

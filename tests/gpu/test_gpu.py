@@ -1,6 +1,6 @@
-"""The engine-core parity checks on a CUDA GPU in bf16, and the prefill/decode split across
-two processes through CUDA IPC. Skipped without a GPU; run on a GPU machine with
-``pytest -m gpu tests/test_gpu.py``."""
+"""The engine core on a CUDA GPU: bf16 parity with transformers, the prefill and decode
+workers sharing weights and pool through CUDA IPC, decode CUDA graphs, the KV pool's memory
+budget. Skipped without a GPU (tests/gpu/conftest.py)."""
 from __future__ import annotations
 
 import os
@@ -8,25 +8,18 @@ import os
 import pytest
 import torch
 
-from bullet_trt.serving.llm import LLM
-from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt import LLM, SamplingParams
 from bullet_trt.kernels.metadata import AttentionMetadata
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.loader import load_checkpoint
 from bullet_trt.model.transformer import CausalLM
-from build_engines import build_from_checkpoint
-from tests.checkpoints import FAMILIES, make_checkpoint
-
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+from bullet_trt.tools.build import build_from_checkpoint
+from tests.checkpoints import FAMILIES
+from tests.gpu.numerics import rel_err
 
 # bf16 keeps 8 bits of mantissa: logits of a model whose activations pass through a dozen
 # bf16 roundings land within a few percent of the fp32 answer.
 BF16_REL_TOL = 3e-2
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
 def hf_logits(ckpt, ids: list[int]) -> torch.Tensor:
@@ -63,14 +56,9 @@ def random_prompts(n: int, seed: int) -> list[list[int]]:
             for _ in range(n)]
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    return {f: make_checkpoint(tmp_path_factory.mktemp(f), f) for f in FAMILIES}
-
-
 @pytest.mark.parametrize("family", FAMILIES)
-def test_bf16_logits_match_transformers(checkpoints, family):
-    ckpt = checkpoints[family]
+def test_bf16_logits_match_transformers(checkpoint, family):
+    ckpt = checkpoint(family)
     prompts = random_prompts(8, seed=3)
     refs = torch.stack([hf_logits(ckpt, p)[-1] for p in prompts])
     batched = our_last_logits(ckpt, prompts, block_size=16)
@@ -82,13 +70,13 @@ def test_bf16_logits_match_transformers(checkpoints, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_bf16_greedy_tokens_are_argmax_within_tolerance(checkpoints, family, tmp_path):
+def test_bf16_greedy_tokens_are_argmax_within_tolerance(checkpoint, family, tmp_path):
     """Each greedy token must be a maximum of the fp32 reference's logits up to bf16 error:
     exact token identity is too strict where two logits lie within bf16 rounding."""
-    ckpt = checkpoints[family]
+    ckpt = checkpoint(family)
     engine = build_from_checkpoint(ckpt, tmp_path / "engine", max_model_len=256, dtype="bfloat16")
     prompt = random_prompts(1, seed=5)[0]
-    with LLM(str(engine), **{"kv.num_blocks": 256}) as llm:
+    with LLM(str(engine), **{"serve.mode": "chunked", "kv.num_blocks": 256}) as llm:
         out = llm.generate_token_ids([prompt], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))[0]
     assert len(out.token_ids) == 32
     logits = hf_logits(ckpt, prompt + out.token_ids)[len(prompt) - 1:-1]
@@ -100,19 +88,22 @@ def test_bf16_greedy_tokens_are_argmax_within_tolerance(checkpoints, family, tmp
     assert exact >= 24  # most steps pick the reference's own argmax
 
 
-def test_cross_process_cuda_ipc_matches_single_process(checkpoints, tmp_path):
-    engine = build_from_checkpoint(checkpoints["llama"], tmp_path / "engine", max_model_len=256,
+def test_cross_process_cuda_ipc_matches_single_process(checkpoint, tmp_path):
+    """The spatial engine's prefill and decode workers are two processes that attach the
+    weights and the KV pool through CUDA IPC; the decode worker continues sequences whose KV
+    the prefill worker wrote. Without a partitioner (serve.partitioner=none) they need no MPS
+    daemon, so this checks the sharing alone."""
+    engine = build_from_checkpoint(checkpoint("llama"), tmp_path / "engine", max_model_len=256,
                                    dtype="float32")
     prompts = random_prompts(6, seed=21)
     params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
               SamplingParams(max_tokens=24, temperature=0.8, seed=7, ignore_eos=True)] * 3
-    overrides = {"kv.num_blocks": 256}
-    with LLM(str(engine), **overrides) as llm:
+    with LLM(str(engine), **{"serve.mode": "chunked", "kv.num_blocks": 256}) as llm:
         ref = [c.token_ids for c in llm.generate_token_ids(prompts, params)]
-    with LLM(str(engine), executor="workers", **overrides) as llm:
+    with LLM(str(engine), **{"serve.mode": "bullet", "serve.partitioner": "none", "kv.num_blocks": 256}) as llm:
         assert llm.engine.state.kv_pool.is_cuda
         out = [c.token_ids for c in llm.generate_token_ids(prompts, params)]
-        workers = (llm.engine.executor.prefill_worker, llm.engine.executor.decode_worker)
+        workers = (llm.engine.prefill, llm.engine.decode)
         pids = {w.pid for w in workers}
         # CUDA IPC shares whole allocations, so the workers run fused q/k/v and gate/up GEMMs.
         assert [w.fused_groups for w in workers] == [2 * llm.engine.state.arch.num_layers] * 2
@@ -122,19 +113,21 @@ def test_cross_process_cuda_ipc_matches_single_process(checkpoints, tmp_path):
     assert stats.kv_blocks_free == stats.kv_blocks_total
 
 
-def test_decode_cuda_graphs_match_eager(checkpoints, tmp_path):
+def test_decode_cuda_graphs_match_eager(checkpoint, tmp_path):
     """Decode steps replayed from CUDA graphs (Triton kernels, padded batch buckets) give the
     tokens of eager decode steps."""
-    engine = build_from_checkpoint(checkpoints["qwen3"], tmp_path / "engine", max_model_len=256,
+    engine = build_from_checkpoint(checkpoint("qwen3"), tmp_path / "engine", max_model_len=256,
                                    dtype="float32")
     prompts = random_prompts(5, seed=8)
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    with LLM(str(engine), **{"kv.num_blocks": 256}) as llm:
-        assert llm.engine.executor.session.graphs is not None
+    with LLM(str(engine), **{"serve.mode": "chunked", "kv.num_blocks": 256}) as llm:
+        graphs = llm.engine.session.graphs
+        assert graphs is not None
         graphed = [c.token_ids for c in llm.generate_token_ids(prompts, params)]
-        assert llm.engine.executor.session.graphs.graphs, "no graph was captured"
-    with LLM(str(engine), **{"kv.num_blocks": 256, "decode.cuda_graph_batch_sizes": []}) as llm:
-        assert llm.engine.executor.session.graphs is None
+        assert graphs.graphs, "no graph was captured"
+    with LLM(str(engine), **{"serve.mode": "chunked", "kv.num_blocks": 256,
+                             "decode.cuda_graph_batch_sizes": []}) as llm:
+        assert llm.engine.session.graphs is None
         eager = [c.token_ids for c in llm.generate_token_ids(prompts, params)]
     assert graphed == eager
 
@@ -144,7 +137,7 @@ def test_the_kv_pool_keeps_the_engine_within_its_memory_fraction(tmp_path):
     device: the space beyond it belongs to the workers' activations and graphs. Llama-3.1-8B
     shapes, whose fused-group layout frees ~9 GB of separately placed q/k/v and gate/up
     tensors before the pool is sized."""
-    from build_engines import build_dummy_engine
+    from bullet_trt.tools.build import build_dummy_engine
     from bullet_trt.config import load_engine_config
     from bullet_trt.engine.shared_state import build_shared_state
     engine = build_dummy_engine("llama-3.1-8b", tmp_path / "e", 4096, seed=0)

@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# Runs GPU work on a GPU machine without registry access, from the repository root.
+#
+#   bash scripts/gpu_run.sh tests [--cpu] [PYTEST ARGS...]
+#       pytest -m gpu tests: every GPU test (tests/gpu/, and the gpu-marked tests elsewhere,
+#       e.g. tests/test_sm.py); --cpu also runs the CPU suite (pytest -m "not gpu" tests).
+#       Test paths among the arguments replace `tests`: `tests tests/gpu/test_gpu.py -x`.
+#   bash scripts/gpu_run.sh bench KIND [ARGS...]
+#       bullet-trt bench KIND ARGS. Without --engine-dir, `kernels`, `decode-profile` and
+#       `serve --start-server` get a dummy-weight Llama-3.1-8B engine ($ENGINE, built here);
+#       `kernels` and `decode-profile` write --json $OUT/bench_KIND.json unless given one.
+#   bash scripts/gpu_run.sh serve-compare [bench serve ARGS...]
+#       the serving comparison: tritonserver started once per mode ($MODES, default
+#       chunked,bullet,static) on the dummy Llama-3.1-8B, an open-loop Poisson sweep over gRPC
+#       streaming per mode, then the table and plots (bullet-trt bench serve --start-server).
+#       Env: RATES (12,18,24,30), DATASET (sharegpt), LOAD ("--duration 12"),
+#       TTFT_SLO / TPOT_SLO (ms, 1000 / 50), STATIC_SMS (64), EXTRA (more bench serve args),
+#       CALIBRATE ("--set k=v ...": calibrate the engine first with the decode profile the
+#       server runs, and keep perf_model.yaml / perf_profile.json in $OUT; otherwise the H200
+#       calibration in docs/data is used).
+#   bash scripts/gpu_run.sh run CMD [ARGS...]
+#       any command in the same environment, with `python` the interpreter set up here and
+#       OUT and ENGINE (the dummy Llama-3.1-8B, built) exported, e.g.
+#         run python -m bullet_trt.tools.doctor --strict --json out/sm_doctor.json
+#         run sh -c 'python build_engines.py --profile --out "$ENGINE" && cp "$ENGINE"/perf_* "$OUT"'
+#
+# What it sets up first:
+#   - Python: .whl/ (made by scripts/gpu_assets.sh where PyPI is reachable) holds tritonserver
+#     (triton_min.tar.xz), tritonclient (tritonclient_py.tar.gz), numpy 1.26 and rapidjson
+#     wheels. They go into the site-packages of a venv in a temporary directory, which sees
+#     $PYTHON's packages (torch, triton, transformers) through a .pth file behind them:
+#     tritonserver 2.51's Python-backend stub misreads BYTES inputs under numpy 2, and the
+#     stub runs the interpreter that starts the server. A $PYTHON that already has them (the
+#     .venv of scripts/setup.sh) runs as it is.
+#   - NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (NVLink multicast is off on
+#     the shared machines; harmless on one GPU).
+#   - a private MPS daemon (scripts/start_mps.sh), stopped on exit if this script started it:
+#     the spatial modes' workers only share the GPU as MPS clients.
+#
+# Env: OUT           output directory (default ./out): logs, JSON, JUnit XML
+#      PYTHON        interpreter with torch/triton (default .venv/bin/python if present, else python3)
+#      GPU_RUN_DIR   where the carried wheels go (default: a new directory under ${TMPDIR:-/tmp},
+#                    removed on exit; a given one is kept and reused)
+#      ENGINE        the dummy-weight engine for bench / serve-compare (default $GPU_RUN_DIR/engines/llama-3.1-8b)
+#      NO_MPS=1      do not start the MPS daemon
+set -u -o pipefail
+
+out=${OUT:-./out}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+
+say() { echo "gpu_run: $*" >&2; }
+die() { say "ERROR: $*"; exit 1; }
+usage() { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//;$d' >&2; exit 2; }
+
+[ $# -ge 1 ] || usage
+cmd=$1
+shift
+case "$cmd" in tests|bench|serve-compare|run) ;; -h|--help|help) usage ;; *) say "unknown sub-command $cmd"; usage ;; esac
+
+if [ -n "${GPU_RUN_DIR:-}" ]; then
+  work=$GPU_RUN_DIR
+  mkdir -p "$work" || die "cannot create GPU_RUN_DIR=$work"
+  own_work=
+else
+  work=$(mktemp -d "${TMPDIR:-/tmp}/bullet-gpu-run.XXXXXX") || die "mktemp failed"
+  own_work=1
+fi
+ENGINE=${ENGINE:-$work/engines/llama-3.1-8b}
+mps_started=
+
+cleanup() {
+  local rc=$?
+  if [ -n "$mps_started" ]; then
+    KILL_MPS_TIMEOUT=10 timeout 15 bash scripts/kill_mps.sh >/dev/null 2>&1 || say "the MPS daemon did not stop"
+  fi
+  [ -n "$own_work" ] && rm -rf "$work"
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# -- Python -----------------------------------------------------------------------------------
+base=${PYTHON:-}
+if [ -z "$base" ]; then
+  if [ -x .venv/bin/python ]; then base=$ROOT/.venv/bin/python; else base=python3; fi
+fi
+command -v "$base" >/dev/null || die "$base not found (set PYTHON)"
+fits='import importlib.util as u, numpy; assert u.find_spec("pytriton") and numpy.__version__ < "2"'
+if "$base" -c "$fits" 2>/dev/null; then
+  PY=$(command -v "$base")  # e.g. the .venv of scripts/setup.sh: nothing to install
+elif [ -f .whl/triton_min.tar.xz ]; then
+  venv=$work/venv
+  [ -x "$venv/bin/python" ] || "$base" -m venv --without-pip "$venv" || die "cannot make a venv with $base"
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  if [ ! -f "$site/.bullet_carried_wheels" ]; then
+    say "installing the carried wheels of .whl/ into $site"
+    tar xJf .whl/triton_min.tar.xz -C "$site" || die "cannot unpack .whl/triton_min.tar.xz"
+    if [ -f .whl/tritonclient_py.tar.gz ]; then
+      tar xzf .whl/tritonclient_py.tar.gz -C "$site" || die "cannot unpack .whl/tritonclient_py.tar.gz"
+    fi
+    wheels=(.whl/*.whl)
+    if [ -e "${wheels[0]}" ]; then
+      PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
+        "$base" -m pip install -q --no-index --no-deps --target "$site" "${wheels[@]}" \
+        || die "cannot install ${wheels[*]}"
+    fi
+    # behind this venv's own site-packages, so that numpy 1.26 wins over the machine's
+    "$base" -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/zz_machine_packages.pth"
+    touch "$site/.bullet_carried_wheels"
+  fi
+  PY=$venv/bin/python
+else
+  say "no .whl/triton_min.tar.xz and no tritonserver with numpy < 2 in $base: the server tests will fail"
+  PY=$(command -v "$base")
+fi
+# `python` for `run`: a wrapper, not a symlink, since a venv's interpreter finds its
+# pyvenv.cfg next to the path it was started by
+mkdir -p "$work/bin"
+for name in python python3; do
+  printf '#!/bin/sh\nexec "%s" "$@"\n' "$PY" >"$work/bin/$name"
+  chmod +x "$work/bin/$name"
+done
+export PATH="$work/bin:$PATH"
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE  # it would cap the green contexts
+
+{
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader 2>&1
+  else
+    echo "no nvidia-smi"
+  fi
+  "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
+  "$PY" -c 'import triton; print("triton", triton.__version__)' 2>&1
+  "$PY" -c 'import numpy; print("numpy", numpy.__version__)' 2>&1
+} | tee "$out/environment.txt" >&2
+
+# -- MPS --------------------------------------------------------------------------------------
+if [ "${NO_MPS:-0}" != 1 ]; then
+  if mps_env=$(timeout 30 bash scripts/start_mps.sh 2>"$work/start_mps.log"); then
+    eval "$mps_env"
+    grep -q "MPS daemon started" "$work/start_mps.log" && mps_started=1
+    say "MPS daemon at $CUDA_MPS_PIPE_DIRECTORY"
+  else
+    say "no MPS daemon ($(tail -1 "$work/start_mps.log")): tests that need one are skipped"
+  fi
+fi
+
+ensure_engine() {
+  [ -f "$ENGINE/engine.yaml" ] && return 0
+  say "building the dummy-weight Llama-3.1-8B engine in $ENGINE"
+  "$PY" build_engines.py --dummy-weights --arch llama-3.1-8b --out "$ENGINE" --max-model-len 4096 >/dev/null \
+    || die "build_engines.py failed"
+}
+
+has_arg() {  # has_arg FLAG ARGS...: whether FLAG (or FLAG=...) is among ARGS
+  local flag=$1 a
+  shift
+  for a in "$@"; do
+    case "$a" in "$flag"|"$flag"=*) return 0 ;; esac
+  done
+  return 1
+}
+
+# -- sub-commands -----------------------------------------------------------------------------
+case "$cmd" in
+  tests)
+    cpu=
+    if [ "${1:-}" = --cpu ]; then cpu=1; shift; fi
+    if command -v make >/dev/null; then  # the SM-id probe of tests/test_sm.py; skipped without nvcc
+      timeout 60 make -C native >"$out/native_build.log" 2>&1 || say "make -C native failed (see $out/native_build.log)"
+    fi
+    where=(tests)  # unless test paths (or node ids) are among the arguments
+    for a in "$@"; do [ -e "${a%%::*}" ] && where=(); done
+    # a CPU test module that does not import must not cost the GPU run: it is reported, not fatal
+    "$PY" -m pytest -p no:cacheprovider -q -rfEs -m gpu --continue-on-collection-errors \
+      --junitxml="$out/gpu_tests.xml" "${where[@]}" "$@" 2>&1 | tee "$out/gpu_tests.log"
+    rc=$?
+    if [ -n "$cpu" ]; then
+      "$PY" -m pytest -p no:cacheprovider -q -rfE -m "not gpu" --junitxml="$out/cpu_tests.xml" \
+        "${where[@]}" "$@" 2>&1 | tee "$out/cpu_tests.log"
+      cpu_rc=$?
+      [ $rc -eq 0 ] && rc=$cpu_rc
+    fi
+    exit $rc
+    ;;
+  bench)
+    [ $# -ge 1 ] || die "bench needs a kind: kernels, decode-profile, serve, ..."
+    kind=$1
+    shift
+    args=("$@")
+    needs_engine=
+    case "$kind" in
+      kernels|decode-profile) needs_engine=1 ;;
+      serve) has_arg --start-server "${args[@]}" && needs_engine=1 ;;
+    esac
+    if [ -n "$needs_engine" ] && ! has_arg --engine-dir "${args[@]}"; then
+      ensure_engine
+      args+=(--engine-dir "$ENGINE")
+    fi
+    case "$kind" in
+      kernels|decode-profile) has_arg --json "${args[@]}" || args+=(--json "$out/bench_$kind.json") ;;
+    esac
+    "$PY" -m bullet_trt.tools.cli bench "$kind" "${args[@]}" 2>&1 | tee "$out/bench_$kind.log"
+    exit $?
+    ;;
+  serve-compare)
+    ensure_engine
+    if [ -n "${CALIBRATE:-}" ]; then
+      # shellcheck disable=SC2086 # CALIBRATE is a list of --set arguments
+      "$PY" build_engines.py --profile --out "$ENGINE" $CALIBRATE 2>&1 | tail -3 || die "calibration failed"
+      cp "$ENGINE/perf_model.yaml" "$ENGINE/perf_profile.json" "$out/"
+    elif [ ! -f "$ENGINE/perf_model.yaml" ]; then
+      cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$ENGINE/perf_model.yaml"
+    fi
+    rm -rf "$out/serve"
+    # shellcheck disable=SC2086 # LOAD and EXTRA are lists of arguments
+    "$PY" -m bullet_trt.tools.cli bench serve --start-server --engine-dir "$ENGINE" \
+      --modes "${MODES:-chunked,bullet,static}" --set "serve.static_prefill_sms=${STATIC_SMS:-64}" \
+      --dataset "${DATASET:-sharegpt}" --rates "${RATES:-12,18,24,30}" ${LOAD:---duration 12} \
+      --ttft-slo-ms "${TTFT_SLO:-1000}" --tpot-slo-ms "${TPOT_SLO:-50}" --out "$out/serve" --no-progress \
+      ${EXTRA:-} "$@" 2>&1 | tee "$out/serve_compare.log" | tail -60
+    rc=$?
+    cat "$out/serve/summary.md" 2>/dev/null
+    # one archive: the per-request records are many small files
+    [ -d "$out/serve" ] && tar czf "$out/serve_results.tar.gz" -C "$out" serve && rm -rf "$out/serve"
+    exit $rc
+    ;;
+  run)
+    [ $# -ge 1 ] || die "run needs a command"
+    ensure_engine
+    export OUT=$out ENGINE
+    "$@"
+    exit $?
+    ;;
+esac
