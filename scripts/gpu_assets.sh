@@ -5,7 +5,8 @@
 #                           $PY_VERSION and its bundled libraries (the other stubs and the
 #                           libpython only the 3.13 stub links are left out to keep it small)
 #   tritonclient_py.tar.gz  tritonclient's Python package, without perf_analyzer
-#   numpy 1.26 and python-rapidjson wheels for $PY_VERSION (the 2.51 stub misreads BYTES under numpy 2)
+#   py_deps.tar.xz          numpy 1.26 and python-rapidjson for $PY_VERSION, unpacked (the 2.51
+#                           stub misreads BYTES under numpy 2)
 # Usage: bash scripts/gpu_assets.sh            (PY_VERSION=3.12, the GPU machines' Python)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,11 @@ mkdir "$work/pt" "$work/tc"
 (cd "$work/tc" && python3 -m zipfile -e "$work"/tritonclient-*.whl . \
   && cd tritonclient-*.data/purelib \
   && tar czf "$dest/tritonclient_py.tar.gz" --exclude=tritonclient/bin --exclude=tritonclient/lib tritonclient)
-cp "$work"/numpy-1.26*.whl "$work"/python_rapidjson-*.whl "$dest/"
+# unpacked and xz-compressed: half the size of the two wheels, so that the tree and the assets
+# fit one transfer to the GPU machine
+mkdir "$work/deps"
+(cd "$work/deps" && python3 -m zipfile -e "$work"/numpy-1.26*.whl . \
+  && python3 -m zipfile -e "$work"/python_rapidjson-*.whl . \
+  && XZ_OPT=-9 tar cJf "$dest/py_deps.tar.xz" *)
 grep -qx '/.whl/' .gitignore || echo "warning: .whl/ is not ignored by .gitignore" >&2
 du -ch "$dest"/* | tail -1

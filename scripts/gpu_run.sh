@@ -27,7 +27,7 @@
 # What it sets up first:
 #   - Python: .whl/ (made by scripts/gpu_assets.sh where PyPI is reachable) holds tritonserver
 #     (triton_min.tar.xz), tritonclient (tritonclient_py.tar.gz), numpy 1.26 and rapidjson
-#     wheels. They go into the site-packages of a venv in a temporary directory, which sees
+#     (py_deps.tar.xz) and any other wheels. They go into the site-packages of a venv in a temporary directory, which sees
 #     $PYTHON's packages (torch, triton, transformers) through a .pth file behind them:
 #     tritonserver 2.51's Python-backend stub misreads BYTES inputs under numpy 2, and the
 #     stub runs the interpreter that starts the server. A $PYTHON that already has them (the
@@ -99,6 +99,9 @@ elif [ -f .whl/triton_min.tar.xz ]; then
     tar xJf .whl/triton_min.tar.xz -C "$site" || die "cannot unpack .whl/triton_min.tar.xz"
     if [ -f .whl/tritonclient_py.tar.gz ]; then
       tar xzf .whl/tritonclient_py.tar.gz -C "$site" || die "cannot unpack .whl/tritonclient_py.tar.gz"
+    fi
+    if [ -f .whl/py_deps.tar.xz ]; then
+      tar xJf .whl/py_deps.tar.xz -C "$site" || die "cannot unpack .whl/py_deps.tar.xz"
     fi
     wheels=(.whl/*.whl)
     if [ -e "${wheels[0]}" ]; then
