@@ -118,6 +118,7 @@ else
   say "no .whl/triton_min.tar.xz and no tritonserver with numpy < 2 in $base: the server tests will fail"
   PY=$(command -v "$base")
 fi
+BASE_PY=$(command -v "$base")
 # `python` for `run`: a wrapper, not a symlink, since a venv's interpreter finds its
 # pyvenv.cfg next to the path it was started by
 mkdir -p "$work/bin"
@@ -179,10 +180,26 @@ case "$cmd" in
     fi
     where=(tests)  # unless test paths (or node ids) are among the arguments
     for a in "$@"; do [ -e "${a%%::*}" ] && where=(); done
-    # a CPU test module that does not import must not cost the GPU run: it is reported, not fatal
-    "$PY" -m pytest -p no:cacheprovider -q -rfEs -m gpu --continue-on-collection-errors \
-      --junitxml="$out/gpu_tests.xml" "${where[@]}" "$@" 2>&1 | tee "$out/gpu_tests.log"
-    rc=$?
+    # Tests that start tritonserver (files named *triton_server*) run under $PY, whose numpy
+    # 1.26 the 2.51 stub needs; the others under the machine's own interpreter, whose
+    # transformers and scipy need numpy 2. A module that does not import must not cost the
+    # GPU run: it is reported, not fatal.
+    gpu_pytest() {  # gpu_pytest PYTHON NAME ARGS...
+      local py=$1 name=$2
+      shift 2
+      "$py" -m pytest -p no:cacheprovider -q -rfEs -m gpu --continue-on-collection-errors \
+        --junitxml="$out/$name.xml" "$@" 2>&1 | tee "$out/$name.log"
+    }
+    if [ ${#where[@]} -eq 0 ]; then  # the paths given: one run, by what they hold
+      case " $* " in *triton_server*) gpu_pytest "$PY" gpu_tests "$@" ;; *) gpu_pytest "$BASE_PY" gpu_tests "$@" ;; esac
+      rc=$?
+    else
+      gpu_pytest "$BASE_PY" gpu_tests --ignore-glob='*triton_server*' tests "$@"
+      rc=$?
+      gpu_pytest "$PY" gpu_server_tests tests/gpu/test_triton_server_gpu.py "$@"
+      server_rc=$?
+      [ $rc -eq 0 ] && rc=$server_rc
+    fi
     if [ -n "$cpu" ]; then
       "$PY" -m pytest -p no:cacheprovider -q -rfE -m "not gpu" --junitxml="$out/cpu_tests.xml" \
         "${where[@]}" "$@" 2>&1 | tee "$out/cpu_tests.log"
