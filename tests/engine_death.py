@@ -206,7 +206,8 @@ def run(*, streams: int = 150, interval_ms: float = 10.0, arrive_before_s: float
     from bullet_trt.serving.triton import server as srv
 
     if engine_dir is None:
-        from bullet_trt.tools.build import DEFAULT_ENGINE_DIR, build_default_engine
+        from bullet_trt.serving.triton.server import DEFAULT_ENGINE_DIR
+        from bullet_trt.tools.build import build_default_engine
         engine_dir = build_default_engine(DEFAULT_ENGINE_DIR)
     if log_file is None:
         log_file = Path(tempfile.mkdtemp(prefix="engine-death-")) / "tritonserver.log"

@@ -228,7 +228,7 @@ def test_record_json_round_trip():
 
 def _fake_run(out_dir, label, rate, ttft, seed=0, late=0):
     """Four requests with the given TTFT, the first `late` of them 1 s late instead."""
-    from bullet_trt.tools.bench.serve_bench import write_result
+    from bullet_trt.tools.bench.results import write_result
     w = ds.build_workload("sharegpt", rate, 4, seed=seed, prompts=False)
     records = [rec(i, r.arrival_s, [r.arrival_s + (1.0 if i < late else ttft) + 0.01 * k for k in range(3)])
                for i, r in enumerate(w.requests)]
@@ -264,7 +264,9 @@ def test_report_table_plots_and_compare(tmp_path, capsys):
 
 
 def test_sustained_rate_averages_repeats_and_stops_at_the_first_miss(tmp_path):
-    from bullet_trt.tools.bench import capacity, serve_bench
+    from bullet_trt.tools.bench import capacity
+    from bullet_trt.tools.bench.report import rebuild_report
+    from bullet_trt.tools.bench.results import load_results
     # chunked: 100% at 1, then 75% and 100% at 2 (mean 87.5% < 90%), 100% at 3
     _fake_run(tmp_path, "chunked", 1.0, 0.05)
     _fake_run(tmp_path, "chunked", 2.0, 0.05, seed=0, late=1)
@@ -277,28 +279,29 @@ def test_sustained_rate_averages_repeats_and_stops_at_the_first_miss(tmp_path):
         _fake_run(tmp_path, "bullet", 3.0, 0.05, seed=seed, late=late)
     _fake_run(tmp_path, "bullet", 4.0, 0.05, late=4)
     assert (tmp_path / "bullet__sharegpt__rate3__seed2.json").is_file()
-    docs = serve_bench.load_results(tmp_path)
+    docs = load_results(tmp_path)
     caps = {c.label: c for c in capacity.capacities([(d, d["summary"]["slo_attainment"]) for d in docs])}
     assert caps["chunked"].sustained == 1.0 and caps["chunked"].first_miss == 2.0  # 3 does not count
     assert caps["bullet"].sustained == 3.0 and caps["bullet"].first_miss == 4.0
     assert caps["bullet"].attainment[3.0] == [0.75, 1.0, 1.0]
-    serve_bench.rebuild_report(tmp_path, plots=False)
+    rebuild_report(tmp_path, plots=False)
     md = (tmp_path / "summary.md").read_text()
     assert "| sharegpt | bullet | 3 | 4 | 3.00x chunked |" in md
 
 
 def test_compare_reads_gzipped_results_beside_plain_ones(tmp_path):
     import gzip
-    from bullet_trt.tools.bench import serve_bench
+    from bullet_trt.tools.bench.report import rebuild_report
+    from bullet_trt.tools.bench.results import load_results
     path, _ = _fake_run(tmp_path, "chunked", 1.0, 0.05)
     gz = path.with_name(path.name + ".gz")
     gz.write_bytes(gzip.compress(path.read_bytes()))
     path.unlink()
     _fake_run(tmp_path, "bullet", 1.0, 0.05)
     (tmp_path / "broken.json.gz").write_bytes(b"not gzip")
-    docs = serve_bench.load_results(tmp_path)
+    docs = load_results(tmp_path)
     assert sorted(d["label"] for d in docs) == ["bullet", "chunked"]
-    serve_bench.rebuild_report(tmp_path, plots=False)
+    rebuild_report(tmp_path, plots=False)
     assert "| chunked | sharegpt | 1 | 0 | 4/4" in (tmp_path / "summary.md").read_text()
 
 
@@ -341,7 +344,8 @@ def test_gpu_telemetry_leaves_out_what_nvml_refuses():
 
 def test_gpu_telemetry_device_choice_and_absence():
     import types
-    from bullet_trt.tools.bench.serve_bench import format_row, telemetry_device, telemetry_fields
+    from bullet_trt.tools.bench.report import format_row
+    from bullet_trt.tools.bench.telemetry import telemetry_device, telemetry_fields
     from bullet_trt.spatial.gpu_monitor import GpuMonitor, TelemetrySampler
     args = types.SimpleNamespace(gpu_telemetry="auto")
     assert telemetry_device(args, "localhost:8001") == 0
@@ -368,7 +372,7 @@ def test_gpu_telemetry_device_choice_and_absence():
 
 
 def test_rates_parsing():
-    from bullet_trt.tools.bench.serve_bench import parse_rates
+    from bullet_trt.tools.bench.workload_args import parse_rates
     assert parse_rates("1, 2,4.5") == [1.0, 2.0, 4.5]
     assert parse_rates(None) == [None] and parse_rates("native,2") == [None, 2.0]
     with pytest.raises(SystemExit, match="> 0"):

@@ -23,7 +23,8 @@ START_TIMEOUT_S = 300
 
 
 def ensure_default_engine() -> Path:
-    from bullet_trt.tools.build import DEFAULT_ENGINE_DIR, build_default_engine
+    from bullet_trt.serving.triton.server import DEFAULT_ENGINE_DIR
+    from bullet_trt.tools.build import build_default_engine
     return build_default_engine(DEFAULT_ENGINE_DIR)
 
 

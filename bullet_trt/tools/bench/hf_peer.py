@@ -32,11 +32,14 @@ from pathlib import Path
 from bullet_trt.tools.bench import datasets as ds
 from bullet_trt.tools.bench.loadgen import Progress
 from bullet_trt.tools.bench.metrics import RequestRecord
-from bullet_trt.tools.bench.serve_bench import (DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS, ProgressPrinter,
-                                          add_workload_args, dataset_name, format_row, rebuild_report,
-                                          telemetry_fields, warmup_requests, workloads_from_args,
-                                          write_result)
 from bullet_trt.spatial.gpu_monitor import TelemetrySampler
+from bullet_trt.tools.bench.progress import ProgressPrinter
+from bullet_trt.tools.bench.report import format_row, rebuild_report
+from bullet_trt.tools.bench.results import dataset_name, write_result
+from bullet_trt.tools.bench.scoring import slos_ms
+from bullet_trt.tools.bench.telemetry import telemetry_fields
+from bullet_trt.tools.bench.warmup import warmup_requests
+from bullet_trt.tools.bench.workload_args import add_workload_args, workloads_from_args
 
 
 # -- model --------------------------------------------------------------------------------------
@@ -309,8 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         workloads = workloads_from_args(args, tok, max_len)
     except (ds.TraceError, ValueError, FileNotFoundError) as e:
         raise SystemExit(f"bullet-trt bench hf-peer: {e}")
-    ttft_slo = args.ttft_slo_ms if args.ttft_slo_ms is not None else DEFAULT_TTFT_SLO_MS
-    tpot_slo = args.tpot_slo_ms if args.tpot_slo_ms is not None else DEFAULT_TPOT_SLO_MS
+    ttft_slo, tpot_slo = slos_ms(args.ttft_slo_ms, args.tpot_slo_ms)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 

@@ -1,0 +1,54 @@
+"""A tritonserver that `bench serve --start-server` starts for one mode and stops after its
+sweep, on free ports, so that one command compares modes."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from bullet_trt.serving.triton import server as srv
+
+
+class ManagedServer:
+    """tritonserver started with the project's launcher, for one mode."""
+
+    def __init__(self, engine_dir: Path, overrides: dict, log_file: Path, model: str = "bullet",
+                 start_timeout_s: float = 900.0):
+        ports: list[int] = []
+        while len(set(ports)) < 3:
+            ports = [srv.free_port() for _ in range(3)]
+        self.http_port, self.grpc_port, self.metrics_port = ports
+        self.log_file = log_file
+        self.model = model
+        self.proc = srv.launch(engine_dir=engine_dir, overrides=overrides, log_file=log_file,
+                               http_port=self.http_port, grpc_port=self.grpc_port, metrics_port=self.metrics_port)
+        self._wait_ready(start_timeout_s)
+
+    @property
+    def url(self) -> str:
+        return f"localhost:{self.grpc_port}"
+
+    def _log_tail(self) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-40:])
+        except OSError:
+            return ""
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        try:
+            srv.wait_until_ready(self.proc, self.url, timeout_s, self.model, self._log_tail)
+        except srv.ServerNotReady as e:
+            self.stop()
+            raise RuntimeError(f"{e}\n(log {self.log_file})") from None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)  # the launcher starts it in its own session
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+            except ProcessLookupError:
+                pass

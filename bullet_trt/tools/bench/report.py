@@ -1,0 +1,88 @@
+"""The serving benchmark's report: summary.md (one row per run, then each label's sustained
+rate, bullet_trt/tools/bench/capacity.py) rebuilt from every result JSON in a directory, and
+the one-line summary printed after each run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from bullet_trt.tools.bench import capacity
+from bullet_trt.tools.bench.report_plots import plot_results
+from bullet_trt.tools.bench.results import RESULT_KIND, load_results
+from bullet_trt.tools.bench.scoring import rescore
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f}"
+
+
+def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None) -> str:
+    docs = sorted(docs, key=lambda d: (d["dataset"], d["label"], d["rate"], d.get("seed", 0)))
+    lines = ["# Serving benchmark", ""]
+    slos = sorted({(ttft_slo_ms if ttft_slo_ms is not None else d["slo"]["ttft_ms"],
+                    tpot_slo_ms if tpot_slo_ms is not None else d["slo"]["tpot_ms"]) for d in docs})
+    lines.append("SLO: " + "; ".join(f"TTFT <= {a:g} ms and TPOT <= {b:g} ms" for a, b in slos)
+                 + ". Latencies in ms (p50 / p90 / p99). Attainment counts failed requests as misses; "
+                 "goodput = requests meeting the SLO per second. Definitions: docs/benchmarking.md.")
+    lines.append("")
+    head = ["label", "dataset", "rate (req/s)", "seed", "done", "req/s", "out tok/s", "TTFT p50/p90/p99",
+            "TPOT p50/p90/p99", "ITL p50/p90/p99", "E2E p50", "SLO attain.", "goodput (req/s)"]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "|".join("---" for _ in head) + "|")
+    for d in docs:
+        s = rescore(d, ttft_slo_ms, tpot_slo_ms)
+
+        def trio(key):
+            v = s[key]
+            return f"{_ms(v.get('p50'))} / {_ms(v.get('p90'))} / {_ms(v.get('p99'))}"
+
+        row = [d["label"], d["dataset"], f"{d['rate']:g}", str(d.get("seed", 0)), f"{s['completed']}/{s['num_requests']}",
+               f"{s['request_throughput']:.2f}", f"{s['output_token_throughput']:.1f}", trio("ttft_s"),
+               trio("tpot_s"), trio("itl_s"), _ms(s["e2e_s"].get("p50")), f"{s['slo_attainment'] * 100:.1f}%",
+               f"{s['goodput']:.2f}"]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", capacity.markdown(capacity.capacities(
+        [(d, rescore(d, ttft_slo_ms, tpot_slo_ms)["slo_attainment"]) for d in docs]))]
+    notes = [(d["label"], d["dataset"], d["rate"], n) for d in docs for n in
+             ([f"stopped early: {d['stopped_early']}"] if d.get("stopped_early") else []) + list(d.get("notes") or [])]
+    if notes:
+        lines += ["", "Notes:", ""]
+        lines += [f"- {label} / {dset} / {rate:g} req/s: {n}" for label, dset, rate, n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def rebuild_report(out_dir: Path, ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None,
+                   plots: bool = True, report_dir: Path | None = None) -> tuple[Path, list[Path]]:
+    """summary.md (and the plots) from every result JSON in ``out_dir``, written to ``report_dir``
+    (default ``out_dir``)."""
+    out_dir = Path(out_dir)
+    docs = load_results(out_dir)
+    if not docs:
+        raise SystemExit(f"no benchmark results (*.json or *.json.gz of kind {RESULT_KIND}) in {out_dir}")
+    report = Path(report_dir) if report_dir else out_dir
+    report.mkdir(parents=True, exist_ok=True)
+    md = report / "summary.md"
+    md.write_text(markdown_table(docs, ttft_slo_ms, tpot_slo_ms))
+    pngs = plot_results(docs, report, ttft_slo_ms, tpot_slo_ms) if plots else []
+    return md, pngs
+
+
+def format_row(doc: dict) -> str:
+    s = doc["summary"]
+    seed = f" seed {doc['seed']}" if doc.get("seed") else ""
+    return (f"{doc['label']} {doc['dataset']} {doc['rate']:g} req/s{seed}: {s['completed']}/{s['num_requests']} done, "
+            f"{s['request_throughput']:.2f} req/s, {s['output_token_throughput']:.1f} out tok/s, "
+            f"TTFT p50 {_ms(s['ttft_s']['p50'])} ms p99 {_ms(s['ttft_s']['p99'])} ms, "
+            f"TPOT p50 {_ms(s['tpot_s']['p50'])} ms p99 {_ms(s['tpot_s']['p99'])} ms, "
+            f"SLO attainment {s['slo_attainment'] * 100:.1f}%, goodput {s['goodput']:.2f} req/s"
+            + _telemetry_text(doc))
+
+
+def _telemetry_text(doc: dict) -> str:
+    t = (doc.get("gpu_telemetry") or {}).get("summary") or {}
+    clock, power = t.get("sm_clock_mhz"), t.get("power_w")
+    if not clock or not power:
+        return ""
+    capped = t.get("power_capped_fraction")
+    capped_text = f", power-capped {capped * 100:.0f}% of samples" if capped is not None else ""
+    return (f"; while arriving: SM clock p50 {clock['p50']:.0f} MHz, power p50 {power['p50']:.0f} W"
+            + capped_text)

@@ -1,0 +1,78 @@
+"""Result files of the serving benchmark: one JSON per run (one label, dataset, rate and
+seed), named so that runs of several configurations share one directory and one report.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import gzip
+import json
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+from bullet_trt.tools.bench import datasets as ds
+from bullet_trt.tools.bench.metrics import RequestRecord, summarize
+
+# Kept from when the benchmark was one module: result files already written carry it.
+RESULT_KIND = "bullet_trt.serve_bench"
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
+
+
+def dataset_name(dataset: str) -> str:
+    """``trace:/a/b/azure.csv`` -> ``trace-azure``; synthetic names unchanged."""
+    if ds.is_trace(dataset):
+        return "trace-" + slug(Path(dataset[len("trace:"):]).stem)
+    return dataset
+
+
+def result_path(out_dir: Path, label: str, dataset: str, rate: float, seed: int = 0) -> Path:
+    repeat = f"__seed{seed}" if seed else ""
+    return Path(out_dir) / f"{slug(label)}__{slug(dataset_name(dataset))}__rate{rate:g}{repeat}.json"
+
+
+def write_result(out_dir: Path, *, label: str, dataset: str, rate: float, seed: int, backend: str,
+                 records: Sequence[RequestRecord], workload: ds.Workload, ttft_slo_ms: float,
+                 tpot_slo_ms: float, extra: dict | None = None, notes: Sequence[str] = (),
+                 stopped_early: str | None = None, token_times: bool = False) -> tuple[Path, dict]:
+    """Summarizes one run and writes its JSON; returns (path, the JSON object)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(records, ttft_slo_ms / 1e3, tpot_slo_ms / 1e3)
+    doc = {
+        "kind": RESULT_KIND, "version": 1, "label": label, "dataset": dataset_name(dataset),
+        "dataset_arg": dataset, "rate": rate, "seed": seed, "backend": backend,
+        "created": _dt.datetime.now().isoformat(timespec="seconds"),
+        "slo": {"ttft_ms": ttft_slo_ms, "tpot_ms": tpot_slo_ms},
+        "workload": {"num_requests": len(workload.requests), "last_arrival_s": workload.duration_s,
+                     "lengths": workload.lengths(), "source": workload.source},
+        "summary": summary.to_json(), "stopped_early": stopped_early, "notes": list(notes),
+        **(extra or {}),
+        "requests": [r.to_json(token_times=token_times) for r in records],
+    }
+    path = result_path(out_dir, label, dataset, rate, seed)
+    # A report rebuilt while this run is written must never read half a file.
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path, doc
+
+
+def load_results(out_dir: Path) -> list[dict]:
+    """Every result JSON in ``out_dir``, plain or gzipped (``.json.gz``: kept results, whose
+    per-request arrays --compare needs, take a quarter of the space)."""
+    docs = []
+    paths = sorted([*Path(out_dir).glob("*.json"), *Path(out_dir).glob("*.json.gz")])
+    for path in paths:
+        try:
+            raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+            doc = json.loads(raw)
+        except (OSError, EOFError, ValueError):  # unreadable, truncated or not JSON: not a result
+            continue
+        if isinstance(doc, dict) and doc.get("kind") == RESULT_KIND:
+            doc["_path"] = str(path)
+            docs.append(doc)
+    return docs

@@ -1,0 +1,77 @@
+"""One sweep of `bench serve`: the workloads (rates x seeds) run one after the other against
+one server, each run written to its JSON and the report rebuilt after it, so that an
+interrupted sweep leaves a complete report of the runs it finished."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from bullet_trt.spatial.gpu_monitor import TelemetrySampler
+from bullet_trt.tools.bench import datasets as ds
+from bullet_trt.tools.bench.loadgen import LoadGenerator, LoadGenOptions
+from bullet_trt.tools.bench.progress import ProgressPrinter
+from bullet_trt.tools.bench.report import format_row, rebuild_report
+from bullet_trt.tools.bench.results import dataset_name, write_result
+from bullet_trt.tools.bench.scoring import slos_ms
+from bullet_trt.tools.bench.telemetry import telemetry_device, telemetry_fields
+from bullet_trt.tools.bench.warmup import warm_up, warmup_requests
+
+
+def check_server(url: str, model: str) -> None:
+    """Fails with a readable message unless tritonserver at ``url`` serves ``model``."""
+    import tritonclient.grpc as grpcclient
+
+    try:
+        client = grpcclient.InferenceServerClient(url)
+    except Exception as e:
+        raise SystemExit(f"bullet-trt bench serve: bad --url {url!r}: {e}")
+    try:
+        try:
+            live = client.is_server_ready(client_timeout=10)
+        except Exception as e:
+            raise SystemExit(f"bullet-trt bench serve: cannot reach tritonserver at {url} (gRPC): {e}")
+        if not live:
+            raise SystemExit(f"bullet-trt bench serve: tritonserver at {url} is not ready")
+        if not client.is_model_ready(model, client_timeout=10):
+            raise SystemExit(f"bullet-trt bench serve: model {model!r} is not ready on {url}")
+    finally:
+        client.close()
+
+
+def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir: Path, *,
+              tokenizer=None, note: str = "", overrides: dict[str, str] | None = None) -> list[dict]:
+    """``args``: the parsed `bench serve` options; ``note`` goes into every run's notes,
+    ``overrides`` (those of a started server) into its JSON."""
+    docs = []
+    ttft_slo, tpot_slo = slos_ms(args.ttft_slo_ms, args.tpot_slo_ms)
+    check_server(url, args.model)
+    if workloads:
+        warm_up(url, args.model, warmup_requests(workloads[0], args.warmup, tokenizer))
+    for w in workloads:
+        rate_text = f"{w.rate:g} req/s" + (f" seed {w.seed}" if w.seed else "")
+        opts = LoadGenOptions(model=args.model, temperature=args.temperature, fixed_output=not args.allow_eos,
+                              streams=args.streams, drain_timeout_s=args.drain_timeout_s,
+                              timeout_s=args.timeout_s or (w.duration_s + args.drain_timeout_s + 60))
+        printer = ProgressPrinter(f"[{label} {dataset_name(w.dataset)} {rate_text}]", enabled=not args.no_progress)
+        gen = LoadGenerator(url, opts, on_progress=printer)
+        sampler = TelemetrySampler(telemetry_device(args, url)).start()
+        try:
+            result = gen.run(w.requests)
+        finally:
+            sampler.stop()
+        printer.done()
+        telemetry = telemetry_fields(sampler, w.duration_s)
+        notes = list(result.notes) + ([note] if note else [])
+        _, doc = write_result(
+            out_dir, label=label, dataset=w.dataset, rate=w.rate, seed=w.seed, backend="triton-grpc-stream",
+            records=result.records, workload=w, ttft_slo_ms=ttft_slo, tpot_slo_ms=tpot_slo,
+            extra={"url": url, "model": args.model, "engine_dir": args.engine_dir,
+                   "overrides": overrides or {},
+                   "client": {"streams": args.streams, "temperature": args.temperature,
+                              "fixed_output": not args.allow_eos}, **telemetry},
+            notes=notes, stopped_early=result.stopped_early, token_times=args.token_times)
+        print(format_row(doc), flush=True)
+        docs.append(doc)
+        rebuild_report(out_dir, None, None, plots=not args.no_plots)
+        if result.stopped_early == "interrupted":
+            raise KeyboardInterrupt
+    return docs
