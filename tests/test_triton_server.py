@@ -120,7 +120,7 @@ def test_frontend_defaults_and_greedy_rule(frontend):
     ({"text_input": np.array([[b"a", b"b"]], dtype=object)}, "text_input must hold exactly one value"),
     ({"bad_words": np.array([[b"foo"]], dtype=object)}, "bad_words is not supported"),
     ({"frequency_penalty": np.array([[0.5]], np.float32)}, "frequency_penalty is not supported"),
-    ({"end_id": np.array([[999999]], np.int32)}, "end_id must be <= 2047"),
+    ({"end_id": np.array([[999999]], np.int32)}, "end_id must be >= 0 and <= 2047"),
     ({"foo": np.array([[1]], np.int32)}, "unknown input 'foo'"),
 ])
 def test_frontend_rejects_with_field_and_limit(frontend, inputs, expected):
