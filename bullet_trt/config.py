@@ -72,11 +72,13 @@ class ServeConfig:
     # fuller, rarer batches do both less often. 0 prefills at once.
     prefill_hold_fraction: float = 0.2
     prefill_batch_tokens: int = 1024
-    # bullet / static: a prefill starts only once the decode worker has moved to the
-    # complementary partition (it switches between steps), so the two never share SMs; the
-    # price is up to one decode step's wait before each prefill. false: the prefill starts at
-    # once, beside a decode step that may still hold the whole GPU.
-    prefill_waits_for_split: bool = True
+    # bullet / static: true makes a prefill start only once the decode worker has moved to
+    # the complementary partition (it switches between steps), so the two never share SMs;
+    # the price is up to one decode step's wait before each prefill, and on an H100 that wait
+    # cost more sustained rate than the shared SMs did (docs/benchmarks.md, "split
+    # handshake"). false: the prefill starts at once, beside a decode step that may still
+    # hold the whole GPU.
+    prefill_waits_for_split: bool = False
     # bullet: the SM split is planned so that the waiting prompts are prefilled within this
     # fraction of the TTFT SLO (the rest absorbs arrivals and prediction error).
     ttft_plan_fraction: float = 0.5
