@@ -44,11 +44,7 @@ def plot_results(docs: list[dict], out_dir: Path, ttft_slo_ms: float | None = No
         ax2.set_ylabel("goodput (req/s meeting the SLO)")
         ax2.grid(alpha=0.3)
         ax2.set_title(f"{dataset}: goodput", fontsize=9)
-        fig.tight_layout()
-        path = out_dir / f"slo_attainment_{slug(dataset)}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, out_dir / f"slo_attainment_{slug(dataset)}.png"))
 
         for rate in sorted({d["rate"] for d in group}):
             runs = [d for d in group if d["rate"] == rate]
@@ -70,9 +66,14 @@ def plot_results(docs: list[dict], out_dir: Path, ttft_slo_ms: float | None = No
                 ax.grid(alpha=0.3)
                 ax.legend(fontsize=8)
                 ax.set_title(f"{dataset} at {rate:g} req/s: {name} CDF", fontsize=9)
-            fig.tight_layout()
-            path = out_dir / f"latency_cdf_{slug(dataset)}_rate{rate:g}.png"
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            written.append(path)
+            written.append(_save(fig, out_dir / f"latency_cdf_{slug(dataset)}_rate{rate:g}.png"))
     return written
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
