@@ -47,8 +47,14 @@ class KVCacheConfig:
 class ServeConfig:
     """How the Triton model schedules work; the SLOs feed the Bullet policy."""
 
-    mode: str = "chunked"  # chunked | bullet | static
+    # auto: bullet on a GPU whose MPS daemon answers (its workers must be MPS clients to run
+    # side by side), chunked elsewhere (bullet_trt/serving/modes.py)
+    mode: str = "auto"  # auto | chunked | bullet | static
     chunk_size: int = 512
+    # auto: on a GPU the server sizes decode slots, their CUDA graphs and the chunk from the
+    # device's memory and the performance model, for each of those keys not given as an
+    # override (bullet_trt/serving/device_sizing.py); engine: engine.yaml's values as they are.
+    sizing: str = "auto"
     ttft_slo_ms: float = 1000.0
     tpot_slo_ms: float = 50.0
     partitioner: str = "auto"  # auto | green | libsmctrl | mps | none
@@ -111,6 +117,9 @@ class EngineConfig:
         max_num_seqs=64, max_num_batched_tokens=64, max_model_len=2048,
         cuda_graph_batch_sizes=[1, 2, 4, 8, 16, 32, 64]))
     serve: ServeConfig = field(default_factory=ServeConfig)
+    # dotted keys set by overrides (--set, Triton model parameters): what the user chose for
+    # this run, which device sizing leaves alone; never written to engine.yaml
+    overridden: list[str] = field(default_factory=list)
 
     @property
     def max_model_len(self) -> int:
@@ -152,8 +161,10 @@ class EngineConfig:
         if not 0 < self.kv.gpu_memory_fraction <= 1:
             raise ConfigError(f"kv.gpu_memory_fraction must be in (0, 1], got {self.kv.gpu_memory_fraction}")
         s = self.serve
-        if s.mode not in ("chunked", "bullet", "static"):
-            raise ConfigError(f"serve.mode must be chunked, bullet or static, got {s.mode!r}")
+        if s.mode not in ("auto", "chunked", "bullet", "static"):
+            raise ConfigError(f"serve.mode must be auto, chunked, bullet or static, got {s.mode!r}")
+        if s.sizing not in ("auto", "engine"):
+            raise ConfigError(f"serve.sizing must be auto or engine, got {s.sizing!r}")
         if s.ttft_slo_ms <= 0 or s.tpot_slo_ms <= 0:
             raise ConfigError("serve.ttft_slo_ms and serve.tpot_slo_ms must be > 0, got "
                               f"{s.ttft_slo_ms} and {s.tpot_slo_ms}")
@@ -232,6 +243,8 @@ def apply_overrides(cfg: EngineConfig, overrides: dict[str, Any] | None) -> Engi
             raise ConfigError(f"unknown configuration key {dotted!r}")
         current = getattr(target, last)
         setattr(target, last, _coerce(value, current) if isinstance(value, str) else value)
+        if dotted not in cfg.overridden:
+            cfg.overridden.append(dotted)
     return cfg
 
 
@@ -250,6 +263,7 @@ def load_engine_config(engine_dir: str | Path, overrides: dict[str, Any] | None 
 def save_engine_config(cfg: EngineConfig, engine_dir: str | Path, header: str = "") -> Path:
     data = dataclasses.asdict(cfg)
     data.pop("engine_dir")
+    data.pop("overridden")
     path = Path(engine_dir) / ENGINE_FILE
     with open(path, "w") as f:
         if header:

@@ -2,12 +2,38 @@
 modes `bullet` and `static` (prefill and decode workers on SM partitions)."""
 from __future__ import annotations
 
+import sys
+
 from bullet_trt.config import EngineConfig
 from bullet_trt.engine.core import EngineCore
+from bullet_trt.serving.device_sizing import report, size_for_device
 from bullet_trt.spatial.orchestrator import SpatialEngine
 
 
+def resolve_mode(cfg: EngineConfig) -> str:
+    """serve.mode=auto: bullet where its workers can share the GPU (an MPS daemon answers;
+    without one two processes only time-slice it), chunked elsewhere."""
+    if cfg.serve.mode != "auto":
+        return cfg.serve.mode
+    if cfg.resolve_device() == "cpu":
+        return "chunked"
+    from bullet_trt.spatial.partitioners.mps_daemon import mps_daemon_running
+
+    if mps_daemon_running():
+        return "bullet"
+    print("bullet_trt: serve.mode=auto runs chunked: no MPS daemon answers (start one with "
+          "scripts/start_mps.sh or `bullet-trt serve --start-mps` for bullet)", file=sys.stderr, flush=True)
+    return "chunked"
+
+
 def create_engine(cfg: EngineConfig) -> EngineCore | SpatialEngine:
+    cfg.serve.mode = resolve_mode(cfg)
     if cfg.serve.mode == "chunked":
         return EngineCore(cfg)
     return SpatialEngine(cfg)
+
+
+def create_served_engine(cfg: EngineConfig) -> EngineCore | SpatialEngine:
+    """The engine behind a server: sized for the GPU it runs on (serve.sizing), then built."""
+    report(size_for_device(cfg))
+    return create_engine(cfg)

@@ -160,7 +160,7 @@ class TritonPythonModel:
         self.metrics = Metrics(pb_utils, {"model": self.model_name, "version": str(args.get("model_version", ""))})
 
         self.engine: AsyncEngine = EngineClient(
-            self.cfg, on_stats=self.metrics.update_stats,
+            self.cfg, factory="bullet_trt.serving.modes:create_served_engine", on_stats=self.metrics.update_stats,
             on_death=self._on_engine_death, num_threads=int(params["engine_threads"]),
             start_timeout=float(params["engine_start_timeout_s"])).start()
         self.metrics.set_ready(True)

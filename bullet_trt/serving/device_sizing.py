@@ -1,0 +1,87 @@
+"""Sizes a served engine for the GPU it runs on, so that no hand flags are needed there.
+
+engine.yaml's decode slots (64), graphs (up to 64 rows) and chunk (512 tokens) suit two CPU
+cores; a GPU serving an 8B model sustained its measured rates with 1024 decode slots, graphs
+up to 1024 rows and 2048-token chunks (docs/benchmarks.md). With serve.sizing=auto each of
+those keys that no override names is set here, inside the engine process, from:
+
+- memory: the KV pool's share of the device (kv.gpu_memory_fraction less the weights) over
+  a typical decoding row's context bounds how many rows can hold their KV at once;
+- time: the performance model (the engine's calibration, else its uncalibrated defaults)
+  bounds the rows whose decode step on the whole GPU stays within decode's share of the
+  TPOT SLO;
+- and the largest batch measured (1024 rows): beyond it nothing was checked.
+"""
+from __future__ import annotations
+
+import sys
+
+from bullet_trt.config import EngineConfig
+from bullet_trt.model.arch import ModelArch
+from bullet_trt.spatial.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel
+
+# Decode batch sizes with a CUDA graph: dense where batches are small (each padded row
+# costs a whole row's attention), every 64-128 rows above.
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512,
+                 640, 768, 896, 1024)
+MAX_DECODE_ROWS = 1024  # the largest decode batch calibrated and served so far
+# Tokens a decoding row is assumed to hold when sizing: ShareGPT-like requests average
+# ~500 (prompt + output); longer rows are preempted and recomputed, not refused.
+TYPICAL_CONTEXT = 512
+GPU_CHUNK_TOKENS = 2048  # chunked mode's best measured chunk on an H100 (docs/benchmarks.md)
+
+
+def decode_rows(cfg: EngineConfig, arch: ModelArch, total_memory: int, total_sms: int,
+                dtype_bytes: int) -> tuple[int, str]:
+    """The decode slots for this device, and which bound chose them."""
+    cost = ModelCost.from_arch(arch, dtype_bytes)
+    embedding = 0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden_size * dtype_bytes
+    pool = total_memory * cfg.kv.gpu_memory_fraction - cost.weight_bytes - embedding
+    context = min(cfg.max_model_len, TYPICAL_CONTEXT)
+    by_memory = int(pool // (cost.kv_bytes_per_token * context))
+    perf_file = cfg.resolve_path(PERF_MODEL_FILE)
+    perf = PerfModel.load(perf_file, cost) if perf_file.is_file() else PerfModel.default(cost, total_sms, True)
+    budget_ms = cfg.serve.tpot_slo_ms * cfg.serve.tpot_plan_fraction
+    by_time = max([b for b in GRAPH_BUCKETS if perf.decode_ms(b, b * context, total_sms) <= budget_ms],
+                  default=1)
+    bounds = {"memory": by_memory, "TPOT": by_time, "largest measured": MAX_DECODE_ROWS}
+    reason = min(bounds, key=bounds.get)
+    rows = max([b for b in GRAPH_BUCKETS if b <= bounds[reason]], default=1)
+    return rows, f"{reason} ({', '.join(f'{k} {v}' for k, v in bounds.items())})"
+
+
+def size_for_device(cfg: EngineConfig) -> list[str]:
+    """Sets the sized keys of cfg in place for the GPU it runs on; returns what it set and why."""
+    if cfg.serve.sizing != "auto" or cfg.resolve_device() == "cpu":
+        return []
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.device(cfg.resolve_device()))
+    return size_for(cfg, ModelArch.from_checkpoint(cfg.checkpoint_path), props.total_memory,
+                    props.multi_processor_count)
+
+
+def size_for(cfg: EngineConfig, arch: ModelArch, total_memory: int, total_sms: int) -> list[str]:
+    """size_for_device for a GPU of total_memory bytes and total_sms SMs."""
+    dtype_bytes = 4 if cfg.dtype == "float32" else 2
+    given = set(cfg.overridden)
+    notes = []
+    rows, why = decode_rows(cfg, arch, total_memory, total_sms, dtype_bytes)
+    if "decode.max_num_seqs" not in given:
+        cfg.decode.max_num_seqs = rows
+        notes.append(f"decode.max_num_seqs={rows} (bound: {why})")
+        if "decode.max_num_batched_tokens" not in given:
+            cfg.decode.max_num_batched_tokens = rows
+    if "decode.cuda_graph_batch_sizes" not in given:
+        cfg.decode.cuda_graph_batch_sizes = [b for b in GRAPH_BUCKETS if b <= cfg.decode.max_num_seqs]
+        notes.append(f"decode.cuda_graph_batch_sizes up to {cfg.decode.cuda_graph_batch_sizes[-1]}")
+    if "serve.chunk_size" not in given:
+        cfg.serve.chunk_size = min(GPU_CHUNK_TOKENS, cfg.prefill.max_num_batched_tokens)
+        notes.append(f"serve.chunk_size={cfg.serve.chunk_size}")
+    return notes
+
+
+def report(notes: list[str]) -> None:
+    if notes:
+        print("bullet_trt: sized for this GPU (serve.sizing=engine keeps engine.yaml's values): "
+              + "; ".join(notes), file=sys.stderr, flush=True)

@@ -1,0 +1,76 @@
+"""Device sizing (serve.sizing=auto): the decode slots, their graphs and the chunk a server
+picks for a GPU from its memory and the performance model, with what the user set kept.
+The GPU's facts are parameters here; the served path reads them from the device."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bullet_trt.config import EngineConfig, apply_overrides
+from bullet_trt.model.arch import ModelArch
+from bullet_trt.model.presets import PRESETS
+from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS, decode_rows, size_for
+from bullet_trt.serving.modes import resolve_mode
+
+GiB = 2**30
+H200_CALIBRATION = Path(__file__).resolve().parents[1] / "docs/data/perf_model_h200_llama-3.1-8b.yaml"
+
+
+def config(tmp_path, overrides=None, calibrated=True) -> EngineConfig:
+    if calibrated:
+        shutil.copy(H200_CALIBRATION, tmp_path / "perf_model.yaml")
+    cfg = EngineConfig(engine_dir=str(tmp_path))
+    cfg.prefill.max_model_len = cfg.decode.max_model_len = 4096
+    return apply_overrides(cfg, overrides)
+
+
+@pytest.fixture
+def llama8b() -> ModelArch:
+    return ModelArch.from_hf_dict(PRESETS["llama-3.1-8b"])
+
+
+def test_an_8b_model_gets_the_slots_its_kv_fits_on_an_h100_and_the_largest_measured_on_an_h200(tmp_path, llama8b):
+    h100, why100 = decode_rows(config(tmp_path), llama8b, 80 * GiB, 132, 2)
+    h200, why200 = decode_rows(config(tmp_path), llama8b, 141 * GiB, 132, 2)
+    # KV of one 512-token row of Llama-3.1-8B: 64 MiB; 80 GiB * 0.85 less 16 GB of weights
+    # holds ~850 such rows, 141 GiB ~1680
+    assert why100.startswith("memory") and h100 == 768
+    assert h200 == MAX_DECODE_ROWS and "memory 16" in why200
+    assert h100 in GRAPH_BUCKETS and h200 in GRAPH_BUCKETS
+
+
+def test_the_tpot_slo_bounds_the_slots_when_memory_does_not(tmp_path, llama8b):
+    roomy, _ = decode_rows(config(tmp_path), llama8b, 141 * GiB, 132, 2)
+    tight, why = decode_rows(config(tmp_path, {"serve.tpot_slo_ms": 15}), llama8b, 141 * GiB, 132, 2)
+    assert why.startswith("TPOT") and tight < roomy
+
+
+def test_sizing_sets_what_no_override_names_and_keeps_the_rest(tmp_path, llama8b):
+    cfg = config(tmp_path)
+    notes = size_for(cfg, llama8b, 141 * GiB, 132)
+    assert cfg.decode.max_num_seqs == cfg.decode.max_num_batched_tokens == 1024
+    assert cfg.decode.cuda_graph_batch_sizes == list(GRAPH_BUCKETS)
+    assert cfg.serve.chunk_size == 2048 and len(notes) == 3
+
+    kept = config(tmp_path, {"decode.max_num_seqs": "256", "serve.chunk_size": "1024"})
+    size_for(kept, llama8b, 141 * GiB, 132)
+    assert kept.decode.max_num_seqs == 256 and kept.serve.chunk_size == 1024
+    assert kept.decode.cuda_graph_batch_sizes[-1] == 256  # graphs follow the slots given
+
+
+def test_overrides_are_recorded_and_never_saved(tmp_path):
+    from bullet_trt.config import load_engine_config, save_engine_config
+
+    save_engine_config(EngineConfig(checkpoint="ckpt"), tmp_path)
+    cfg = load_engine_config(tmp_path, {"serve.mode": "chunked", "decode.max_num_seqs": "8"})
+    assert cfg.overridden == ["serve.mode", "decode.max_num_seqs"]
+    save_engine_config(cfg, tmp_path)
+    assert load_engine_config(tmp_path).overridden == []
+    assert "overridden" not in (tmp_path / "engine.yaml").read_text()
+
+
+def test_auto_mode_is_chunked_without_a_gpu(tmp_path):
+    assert resolve_mode(config(tmp_path, {"device": "cpu"})) == "chunked"
+    assert resolve_mode(config(tmp_path, {"serve.mode": "bullet"})) == "bullet"
