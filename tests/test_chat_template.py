@@ -177,9 +177,12 @@ def test_from_file_and_from_engine(tmp_path, tokenizer_files):
     root = checkpoint_with(tmp_path, tokenizer_files, MISTRAL)
     assert ChatTemplate.from_file(root / "tokenizer_config.json").render(ALTERNATING[:1]) == \
         f"{BOS}[INST] Hi there — café? [/INST]"
-    # The embedded default engine's checkpoint ships no template.
+    # The embedded default engine's checkpoint ships no template; a file of one's own gets its
+    # special tokens all the same.
     from tests.triton_fixture import ensure_default_engine
     assert ChatTemplate.from_engine(ensure_default_engine()) is None
+    assert ChatTemplate.from_engine(ensure_default_engine(), file).render(CHAT[1:2]).startswith(
+        BOS + "<|start_header_id|>user")
 
 
 def test_engine_tokenizer_dir_is_found(tmp_path, tokenizer_files):

@@ -93,11 +93,15 @@ class ChatTemplate:
             raise ChatTemplateError(f"the chat template {origin} does not parse: {e}") from e
 
     @classmethod
-    def from_tokenizer_dir(cls, root: str | Path) -> "ChatTemplate | None":
-        """The template in a checkpoint's tokenizer files, or None when it has none."""
+    def from_tokenizer_dir(cls, root: str | Path, template_file: str | Path | None = None) -> "ChatTemplate | None":
+        """The template in a checkpoint's tokenizer files, or None when it has none;
+        `template_file` replaces it (see from_file) and still gets the checkpoint's bos_token,
+        eos_token, ... for the variables of those names."""
         root = Path(root)
         cfg = _read_json(root / CONFIG_FILE) if (root / CONFIG_FILE).is_file() else {}
         tokens = {name: _token_text(cfg.get(name)) for name in SPECIAL_TOKENS}
+        if template_file is not None:
+            return cls.from_file(template_file, tokens)
         # transformers lets chat_template.jinja win over the copy in tokenizer_config.json.
         if (root / TEMPLATE_FILE).is_file():
             return cls((root / TEMPLATE_FILE).read_text(encoding="utf-8"), tokens, str(root / TEMPLATE_FILE))
@@ -105,10 +109,11 @@ class ChatTemplate:
         return cls(source, tokens, str(root / CONFIG_FILE)) if source else None
 
     @classmethod
-    def from_engine(cls, engine_dir: str | Path) -> "ChatTemplate | None":
-        """The template of the checkpoint an engine directory serves (engine.yaml's tokenizer)."""
+    def from_engine(cls, engine_dir: str | Path, template_file: str | Path | None = None) -> "ChatTemplate | None":
+        """The template of the checkpoint an engine directory serves (engine.yaml's tokenizer),
+        or `template_file` in its place."""
         path = load_engine_config(engine_dir).tokenizer_path
-        return cls.from_tokenizer_dir(path.parent if path.name.endswith(".json") else path)
+        return cls.from_tokenizer_dir(path.parent if path.name.endswith(".json") else path, template_file)
 
     @classmethod
     def from_file(cls, path: str | Path, special_tokens: Mapping[str, str] | None = None) -> "ChatTemplate":
@@ -117,7 +122,7 @@ class ChatTemplate:
         variables of those names; a tokenizer_config.json brings its own."""
         path = Path(path)
         text = path.read_text(encoding="utf-8")
-        tokens = dict(special_tokens or {})
+        tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}
         if path.suffix == ".json":
             cfg = _read_json(path)
             source = _pick(cfg.get("chat_template"), path)
