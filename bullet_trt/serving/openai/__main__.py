@@ -1,0 +1,5 @@
+import sys
+
+from bullet_trt.serving.openai.main import main
+
+sys.exit(main())
