@@ -1,6 +1,7 @@
 """`bullet-trt`: serve, generate, build, demo, doctor, bench, plot.
 
     bullet-trt serve [--engine-dir DIR] [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
+                     [--openai-port 9000 --api-key KEY --chat-template FILE | --no-openai]
                      [--set key=value ...] [-- extra tritonserver flags]
     bullet-trt generate --engine-dir DIR --prompt "Hello" [--max-tokens 32 --temperature 0 ...]
 """
@@ -53,45 +54,63 @@ def cmd_serve(args) -> int:
                                   log_verbose=args.log_verbose, explicit=not args.no_explicit, extra=extra)
     except server.ServerSetupError as e:
         raise SystemExit(f"bullet-trt serve: {e}")
+    from bullet_trt.serving.openai.launch import launch_arguments
+    openai = None if args.no_openai else launch_arguments(args, engine_dir, args.grpc_port, overrides)
     if args.dry_run:
         for key in ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "BULLET_PYTHON", "BULLET_ENGINE_DIR",
                     "BULLET_OVERRIDES"):
             if key in env:
                 print(f"{key}={env[key]}")
         print(" ".join(cmd))
+        if openai is not None:
+            from bullet_trt.serving.openai.launch import openai_command
+            print(" ".join(openai_command(**openai)))
         return 0
     print(f"bullet-trt: engine {Path(engine_dir).resolve()}; HTTP :{args.http_port}, gRPC :{args.grpc_port}, "
-          f"metrics :{args.metrics_port}", file=sys.stderr)
+          f"metrics :{args.metrics_port}" + (f", OpenAI API http://{args.openai_host}:{args.openai_port}/v1"
+                                             if openai is not None else ""), file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    if not args.start_mps:
+    if not args.start_mps and openai is None:
         os.execve(cmd[0], cmd, env)  # tritonserver takes over this process (signals reach it directly)
-    return _serve_with_own_mps(cmd, env)
+    return _serve_supervised(cmd, env, args.start_mps, openai, args.api_key)
 
 
-def _serve_with_own_mps(cmd: list[str], env: dict[str, str]) -> int:
-    """Runs tritonserver as a child between starting and stopping a private MPS daemon, so
-    that the spatial modes' workers are MPS clients (without MPS two processes only
-    time-slice the GPU)."""
+def _serve_supervised(cmd: list[str], env: dict[str, str], start_mps: bool, openai: dict | None,
+                      api_key: str | None) -> int:
+    """Runs tritonserver as a child, next to the OpenAI front end (a second child, which also
+    exits by itself should this process die) and/or between starting and stopping a private
+    MPS daemon, so that the spatial modes' workers are MPS clients (without MPS two processes
+    only time-slice the GPU). Ends when tritonserver ends."""
     import signal
     import subprocess
 
-    from bullet_trt.spatial.partitioners.mps_daemon import start_mps_daemon, stop_mps_daemon
-
-    mps_env = start_mps_daemon()
-    env = {**env, **mps_env}
-    print(f"bullet-trt: MPS daemon at {mps_env['CUDA_MPS_PIPE_DIRECTORY']}", file=sys.stderr)
+    mps_env: dict[str, str] = {}
+    if start_mps:
+        from bullet_trt.spatial.partitioners.mps_daemon import start_mps_daemon
+        mps_env = start_mps_daemon()
+        env = {**env, **mps_env}
+        print(f"bullet-trt: MPS daemon at {mps_env['CUDA_MPS_PIPE_DIRECTORY']}", file=sys.stderr)
     proc = subprocess.Popen(cmd, env=env)
+    front = None
     forward = lambda signum, _frame: proc.send_signal(signum)  # noqa: E731
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
     try:
+        if openai is not None:
+            from bullet_trt.serving.openai import launch
+            front = launch.launch(api_key=api_key, **openai)
         return proc.wait()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        stop_mps_daemon(mps_env["CUDA_MPS_PIPE_DIRECTORY"])
+        if front is not None:
+            from bullet_trt.serving.openai import launch
+            launch.stop(front)
+        if start_mps:
+            from bullet_trt.spatial.partitioners.mps_daemon import stop_mps_daemon
+            stop_mps_daemon(mps_env["CUDA_MPS_PIPE_DIRECTORY"])
 
 
 # -- generate (offline) -----------------------------------------------------------------------
@@ -176,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="print the environment and command, do not start")
     s.add_argument("--start-mps", action="store_true",
                    help="start a private MPS daemon for the spatial modes' workers and stop it on exit")
+    from bullet_trt.serving.openai.launch import add_cli_arguments
+    add_cli_arguments(s)
     s.add_argument("tritonserver_args", nargs=argparse.REMAINDER, help="-- then extra tritonserver flags")
     s.set_defaults(func=cmd_serve)
 

@@ -1,9 +1,10 @@
 """`bullet-trt demo`: serve an engine with the real tritonserver and answer a sample request.
 
-Starts tritonserver on the engine (the embedded default unless --engine-dir), waits until the
-model is ready, streams one request over gRPC and prints each piece as it arrives, prints the
-curl command for the same request, and keeps serving until Ctrl-C (or stops at once with
---exit).
+Starts tritonserver on the engine (the embedded default unless --engine-dir) and the
+OpenAI-compatible API next to it (port 9000 unless --no-openai), waits until the model is
+ready, streams one request over gRPC and prints each piece as it arrives, prints the curl
+commands for the same request over Triton's HTTP API and the OpenAI API, and keeps serving
+until Ctrl-C (or stops at once with --exit).
 """
 from __future__ import annotations
 
@@ -79,22 +80,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--exit", action="store_true", help="stop the server after the sample request")
+    from bullet_trt.serving.openai import launch as openai_launch
+    openai_launch.add_cli_arguments(ap)
     args = ap.parse_args(argv)
     engine = ensure_engine(args.engine_dir)
     overrides = dict(kv.split("=", 1) for kv in args.set)
     log = Path(engine) / "tritonserver.log"
     proc = server.launch(engine_dir=engine, overrides=overrides, log_file=str(log), http_port=args.http_port,
                          grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+    front = None
     try:
         print(f"demo: tritonserver pid {proc.pid} starting (log {log})", flush=True)
+        if not args.no_openai:
+            front_log = Path(engine) / "openai.log"
+            front = openai_launch.launch(api_key=args.api_key, log_file=front_log,
+                                         **openai_launch.launch_arguments(args, engine, args.grpc_port, overrides))
+            print(f"demo: OpenAI API pid {front.pid} starting (log {front_log})", flush=True)
         try:
             server.wait_until_ready(proc, f"127.0.0.1:{args.grpc_port}", timeout_s=600)
-        except server.ServerNotReady as e:
-            raise SystemExit(f"demo: {e}\n(log {log})")
+            if front is not None:
+                openai_launch.wait_until_ready(front, f"http://{args.openai_host}:{args.openai_port}")
+        except (server.ServerNotReady, RuntimeError) as e:
+            raise SystemExit(f"demo: {e}\n(logs in {engine})")
         stream_request(f"127.0.0.1:{args.grpc_port}", args.prompt, args.max_tokens)
         body = json.dumps({"text_input": args.prompt, "max_tokens": args.max_tokens, "seed": 7})
         print(f"\nthe same over HTTP:\n  curl -s -X POST localhost:{args.http_port}/v2/models/bullet/generate "
               f"-d '{body}'\nmetrics: curl -s localhost:{args.metrics_port}/metrics | grep bullet_", flush=True)
+        if front is not None:
+            body = json.dumps({"model": "bullet", "prompt": args.prompt, "max_tokens": args.max_tokens,
+                               "temperature": 0})  # greedy, as the request above
+            auth = " -H 'Authorization: Bearer $BULLET_OPENAI_API_KEY'" if args.api_key else ""
+            print(f"the same over the OpenAI API:\n  curl -s localhost:{args.openai_port}/v1/completions{auth} "
+                  f"-H 'Content-Type: application/json' -d '{body}'", flush=True)
         if args.exit:
             return 0
         print("\ndemo: serving; Ctrl-C stops the server", flush=True)
@@ -104,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        if front is not None:
+            openai_launch.stop(front)
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             try:

@@ -6,6 +6,7 @@ the thread that started the child.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -17,6 +18,25 @@ from pathlib import Path
 
 from bullet_trt.serving.openai.main import API_KEY_ENV, DEFAULT_HOST, DEFAULT_PORT
 from bullet_trt.serving.triton.server import PROJECT_ROOT
+
+
+def add_cli_arguments(ap: argparse.ArgumentParser) -> None:
+    """The front end's options of `bullet-trt serve` and `bullet-trt demo`."""
+    ap.add_argument("--no-openai", action="store_true", help="do not start the OpenAI-compatible API")
+    ap.add_argument("--openai-port", type=int, default=DEFAULT_PORT, help="port of the OpenAI-compatible API")
+    ap.add_argument("--openai-host", default=DEFAULT_HOST,
+                    help="address the OpenAI-compatible API listens on (0.0.0.0: every interface)")
+    ap.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                    help=f"require 'Authorization: Bearer KEY' on the OpenAI API (default: ${API_KEY_ENV})")
+    ap.add_argument("--chat-template", help="Jinja chat template for /v1/chat/completions in place of the "
+                                            "checkpoint's (a .jinja file or a tokenizer_config.json)")
+
+
+def launch_arguments(args: argparse.Namespace, engine_dir: str | Path, grpc_port: int,
+                     overrides: dict[str, str] | None = None) -> dict:
+    """`launch`'s keyword arguments (all but api_key) from those options."""
+    return dict(engine_dir=engine_dir, grpc_url=f"127.0.0.1:{grpc_port}", host=args.openai_host,
+                port=args.openai_port, chat_template=args.chat_template, overrides=overrides)
 
 
 def openai_command(engine_dir: str | Path, grpc_url: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
