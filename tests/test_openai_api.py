@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +27,7 @@ import pytest
 from bullet_trt.model.default_tokenizer import BOS
 from bullet_trt.serving.openai import launch as openai_launch
 from bullet_trt.serving.triton.server import free_port
-from tests.triton_fixture import ensure_default_engine, pid_alive, start_server
+from tests.triton_fixture import ensure_tiny_random_engine, pid_alive, start_server
 
 MODEL = "bullet"
 KEY = "test-key-123"
@@ -86,7 +87,7 @@ def triton(tmp_path_factory):
 def _start_front(triton, tmp: Path, name: str, api_key: str | None, chat_template: Path | None) -> Front:
     port = free_port()
     log = tmp / f"{name}.log"
-    proc = openai_launch.launch(ensure_default_engine(), triton.grpc_url, port=port, api_key=api_key,
+    proc = openai_launch.launch(ensure_tiny_random_engine(), triton.grpc_url, port=port, api_key=api_key,
                                 chat_template=chat_template, log_file=log)
     try:
         openai_launch.wait_until_ready(proc, f"http://127.0.0.1:{port}")
@@ -312,7 +313,7 @@ def test_front_end_exits_when_its_parent_dies(triton, tmp_path):
     parent-death signal stops the front end all the same."""
     port = free_port()
     code = ("import sys, time\nfrom bullet_trt.serving.openai import launch\n"
-            f"p = launch.launch({str(ensure_default_engine())!r}, {triton.grpc_url!r}, port={port}, "
+            f"p = launch.launch({str(ensure_tiny_random_engine())!r}, {triton.grpc_url!r}, port={port}, "
             f"log_file={str(tmp_path / 'child.log')!r})\n"
             "print(p.pid, flush=True)\ntime.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
@@ -335,3 +336,46 @@ def _healthy(port: int) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+def test_engine_death_is_429_then_503(tmp_path):
+    """Triton's UNAVAILABLE (here: the engine died under a request) is a 429 with Retry-After,
+    and a model Triton no longer serves (it unloads itself after that) a 503. Its own server,
+    since the engine does not come back."""
+    srv = start_server(tmp_path, "dying")
+    front = None
+    try:
+        front = _start_front(srv, tmp_path, "front", None, None)
+        total = srv.metric("bullet_kv_blocks_free") + srv.metric("bullet_kv_blocks_used")
+        answers: list = []
+
+        def long_request():
+            try:
+                answers.append(front.client().completions.create(model=MODEL, prompt="A long story", max_tokens=900,
+                                                                 extra_body={"min_tokens": 900}))
+            except openai.APIStatusError as e:
+                answers.append(e)
+
+        t = threading.Thread(target=long_request)
+        t.start()
+        wait_for(lambda: srv.metric("bullet_kv_blocks_free") < total, what="the request in flight")
+        for pid in srv.engine_pids():
+            os.kill(pid, signal.SIGKILL)
+        t.join(timeout=120)
+        (err,) = answers
+        assert isinstance(err, openai.RateLimitError), err
+        assert err.response.headers["Retry-After"] == "1" and "engine process died" in err.body["message"]
+
+        def not_served() -> bool:
+            try:
+                front.client().completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+            except openai.InternalServerError as e:
+                return e.status_code == 503 and e.body["code"] == "model_not_ready"
+            except openai.RateLimitError:  # refused while the model unloads
+                return False
+            return False
+        wait_for(not_served, timeout=60, what="503 once the model unloaded itself")
+    finally:
+        if front is not None:
+            openai_launch.stop(front.proc)
+        srv.stop()

@@ -48,6 +48,17 @@ def _stop_words(stop: str | list[str] | None) -> list[str]:
     return words
 
 
+def _refuse_too_many_bytes(prompt: str, model: ServedModel, prompt_field: str) -> None:
+    # Tokenizing holds the GIL, so this server's event loop, for about a second per megabyte;
+    # a prompt with more bytes than the longest token times the token limit cannot fit anyway.
+    per_token = getattr(model.tokenizer, "max_token_bytes", None)
+    limit = model.limits.max_prompt_len
+    n = len(prompt.encode("utf-8"))
+    if per_token and n > limit * per_token:
+        raise invalid(f"{prompt_field} is too long: {n} bytes, more than the limit of {limit} tokens can hold "
+                      f"(no token of this model is longer than {per_token} bytes)", prompt_field)
+
+
 def generation(req: CompletionRequest | ChatCompletionRequest, prompt: str, model: ServedModel,
                prompt_field: str) -> Generation:
     _refuse_unsupported(req)
@@ -57,6 +68,7 @@ def generation(req: CompletionRequest | ChatCompletionRequest, prompt: str, mode
     renames = {"max_tokens": max_field, "text_input": prompt_field, "prompt": prompt_field}
     if not prompt:  # it would still encode to a BOS token
         raise invalid(f"{prompt_field} is empty: it must hold at least one character", prompt_field)
+    _refuse_too_many_bytes(prompt, model, prompt_field)
     ids = model.tokenizer.encode(prompt)
     try:
         validate_prompt(ids, limits, field=prompt_field)

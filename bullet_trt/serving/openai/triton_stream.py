@@ -85,9 +85,11 @@ class TritonStreams:
         finished = False
         try:
             async for result, error in call:
-                if error is not None:  # only without triton_grpc_error; kept for other servers
+                if error is not None:
+                    # A request Triton refuses before the model sees it (an unknown model, say)
+                    # comes as a message without a status code, even with triton_grpc_error.
                     finished = True
-                    raise invalid(str(error), renames=renames)
+                    raise self._error(None, error.message() or str(error), renames)
                 out = result.as_numpy("text_output")
                 text = b"".join(out.reshape(-1)).decode("utf-8") if out is not None else ""
                 params = result.get_response().parameters
@@ -101,15 +103,20 @@ class TritonStreams:
             raise OpenAIError(502, "the Triton stream ended before the final response", type="server_error")
         except grpc.aio.AioRpcError as e:
             finished = True
-            raise self._error(e, renames) from None
+            raise self._error(e.code(), e.details() or str(e.code()), renames) from None
         finally:
             done.set()
             if not finished:
                 call.cancel()
 
-    def _error(self, e: grpc.aio.AioRpcError, renames: dict[str, str]) -> OpenAIError:
-        code, details = e.code(), e.details() or str(e.code())
-        if code == grpc.StatusCode.INVALID_ARGUMENT:
+    def _error(self, code: grpc.StatusCode | None, details: str, renames: dict[str, str]) -> OpenAIError:
+        # The app has checked the model's name already, so Triton not knowing it means it is not
+        # loaded now (it unloads itself when its engine dies); Triton says so as INVALID_ARG.
+        if code == grpc.StatusCode.NOT_FOUND or details.startswith("Request for unknown model"):
+            return OpenAIError(503, f"Triton does not serve model {self.model!r} now: {details}",
+                               type="server_error", code="model_not_ready",
+                               headers={"Retry-After": str(RETRY_AFTER_S)})
+        if code in (grpc.StatusCode.INVALID_ARGUMENT, None):
             return invalid(details, renames=renames)
         if code == grpc.StatusCode.UNAVAILABLE:
             if "failed to connect" in details.lower() or "connection refused" in details.lower():
@@ -117,9 +124,6 @@ class TritonStreams:
                                    code="triton_unreachable", headers={"Retry-After": str(RETRY_AFTER_S)})
             # The model refuses work it cannot take now (overload, an engine restarting):
             # a client should come back later, which is what 429 with Retry-After says.
-            return OpenAIError(429, details, type="rate_limit_error", code="server_overloaded",
+            return OpenAIError(429, details, type="rate_limit_error", code="unavailable",
                                headers={"Retry-After": str(RETRY_AFTER_S)})
-        if code == grpc.StatusCode.NOT_FOUND:
-            return OpenAIError(503, f"Triton does not serve model {self.model!r} now: {details}",
-                               type="server_error", code="model_not_ready")
         return OpenAIError(500, details, type="server_error", code=code.name.lower())
