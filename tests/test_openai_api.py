@@ -180,6 +180,15 @@ def test_chat_renders_the_template_and_streams_the_same_text(client):
     assert {c.object for c in chunks} == {"chat.completion.chunk"}
 
 
+def test_seed_makes_sampling_repeatable(client):
+    # temperature 1.0 and top_p 0.9 sample; without the seed reaching the engine each request
+    # would draw its own random seed and the texts would differ.
+    args = dict(model=MODEL, prompt="Tell me something", max_tokens=16, temperature=1.0, top_p=0.9, seed=1234)
+    first = client.completions.create(**args).choices[0].text
+    assert client.completions.create(**args).choices[0].text == first
+    assert "".join(c.choices[0].text for c in client.completions.create(**args, stream=True)) == first
+
+
 def test_stream_is_server_sent_events_ending_in_done(front):
     body = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 6, "temperature": 0, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
