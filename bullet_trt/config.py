@@ -96,7 +96,12 @@ class ServeConfig:
     # short outputs) the mean approaches the bound, and that case was not measured above 0.85.
     tpot_plan_fraction: float = 0.85
     iteration_log: str = ""  # JSONL path; empty disables the per-iteration record
+    # Overload shedding: a request that finds this many requests, or this many prompt tokens,
+    # waiting in the engine (admitted, not yet scheduled) is refused at once with a retryable
+    # error instead of queueing for longer than any client waits. A prompt longer than
+    # max_queue_tokens is still taken into an empty queue. max_queue_tokens 0: no token bound.
     max_queue: int = 1024
+    max_queue_tokens: int = 262144
 
 
 @dataclass
@@ -188,6 +193,10 @@ class EngineConfig:
             raise ConfigError(f"serve.prefill_batch_tokens must be >= 0, got {s.prefill_batch_tokens}")
         if s.chunk_size <= 0:
             raise ConfigError(f"serve.chunk_size must be > 0, got {s.chunk_size}")
+        if s.max_queue < 1:
+            raise ConfigError(f"serve.max_queue must be >= 1, got {s.max_queue}")
+        if s.max_queue_tokens < 0:
+            raise ConfigError(f"serve.max_queue_tokens must be >= 0 (0: no bound), got {s.max_queue_tokens}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         return self

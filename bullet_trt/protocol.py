@@ -3,7 +3,8 @@
 Two conversations run over `multiprocessing` queues:
 
     serving (Triton stub)  <->  engine process        AddRequest, AbortRequest, Shutdown
-                                                      EngineReady, StepOutputs, StatsUpdate, EngineFailed
+                                                      EngineReady, StepOutputs, StatsUpdate, EngineFailed,
+                                                      EngineStopped
     spatial orchestrator   <->  session workers       WorkerSetup, RunBatch, DecodeUpdate, StopWorker
                                                       WorkerReady, BatchDone, BatchFailed, WorkerFatal,
                                                       DecodeStep, DecodeStepFailed, RowsLeft
@@ -105,6 +106,14 @@ class EngineFailed:
     """The engine process cannot go on (start-up failed, or its loop raised); it exits."""
 
     trace: str
+
+
+@dataclass
+class EngineStopped:
+    """The engine process was told to stop (SIGTERM: the server is shutting down); it has
+    ended every request it held with `reason` and exits."""
+
+    reason: str
 
 
 # -- spatial orchestrator <-> session workers --------------------------------------------------

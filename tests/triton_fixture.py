@@ -40,11 +40,11 @@ class TritonServer:
 
     @property
     def http_url(self) -> str:
-        return f"localhost:{self.http_port}"
+        return f"127.0.0.1:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"localhost:{self.grpc_port}"
+        return f"127.0.0.1:{self.grpc_port}"
 
     def log_tail(self, n: int = 60) -> str:
         try:
@@ -77,7 +77,7 @@ class TritonServer:
         return events
 
     def metrics_text(self) -> str:
-        with urllib.request.urlopen(f"http://localhost:{self.metrics_port}/metrics", timeout=10) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
             return r.read().decode()
 
     def metric(self, name: str, **labels) -> float:
@@ -121,11 +121,12 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-def start_server(tmp_dir: Path, name: str = "server", overrides: dict | None = None) -> TritonServer:
+def start_server(tmp_dir: Path, name: str = "server", overrides: dict | None = None,
+                 engine_dir: Path | None = None) -> TritonServer:
     """Launches tritonserver and waits until the model is ready (or fails with its log)."""
     from bullet_trt.serving.triton import server as srv
 
-    engine_dir = ensure_default_engine()
+    engine_dir = engine_dir or ensure_default_engine()
     ports = [srv.free_port() for _ in range(3)]
     while len(set(ports)) < 3:
         ports = [srv.free_port() for _ in range(3)]
@@ -173,6 +174,7 @@ class StreamResult:
     pieces: list[str] = field(default_factory=list)
     responses: list = field(default_factory=list)
     error: str | None = None
+    error_status: str | None = None  # e.g. "StatusCode.UNAVAILABLE", with triton_grpc_error=True
     final: bool = False
 
     @property
@@ -181,14 +183,19 @@ class StreamResult:
 
 
 class GrpcStreams:
-    """Many requests over one gRPC bidirectional stream, demultiplexed by request id."""
+    """Many requests over one gRPC bidirectional stream, demultiplexed by request id.
 
-    def __init__(self, url: str):
+    triton_grpc_error=True: an error ends the stream with the error's own status code
+    (Triton's ``triton_grpc_error`` header) instead of a message inside the stream; send one
+    request per stream then."""
+
+    def __init__(self, url: str, triton_grpc_error: bool = False):
         import tritonclient.grpc as grpcclient
 
         self.client = grpcclient.InferenceServerClient(url)
         self.events: dict[str, queue.Queue] = {}
-        self.client.start_stream(callback=self._callback)
+        self.client.start_stream(callback=self._callback,
+                                 headers={"triton_grpc_error": "true"} if triton_grpc_error else None)
         self._n = 0
 
     def _callback(self, result, error):
@@ -236,6 +243,7 @@ class GrpcStreams:
             kind, item = self._next(rid, timeout)
             if kind == "error":
                 res.error = item.message() if hasattr(item, "message") else str(item)
+                res.error_status = item.status() if hasattr(item, "status") else None
                 return res
             res.responses.append(item)
             out = item.as_numpy("text_output")

@@ -56,7 +56,9 @@ class EngineCore:
 
     def stats(self) -> EngineStats:
         return EngineStats(
-            num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_waiting_tokens=sum(s.num_uncached for s in self.scheduler.waiting),
+            num_running=len(self.scheduler.running),
             kv_blocks_total=self.allocator.num_blocks, kv_blocks_free=self.allocator.num_free,
             tokens_generated=self.requests.tokens_generated, num_preemptions=self.scheduler.num_preemptions)
 

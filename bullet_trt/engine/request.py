@@ -45,6 +45,7 @@ def coalesce(outputs: list[RequestOutput]) -> list[RequestOutput]:
 @dataclass
 class EngineStats:
     num_waiting: int = 0
+    num_waiting_tokens: int = 0  # tokens the waiting requests need prefilled (preempted ones: again)
     num_running: int = 0
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0

@@ -39,6 +39,7 @@ class Tokenizer:
         if not file.is_file():
             raise FileNotFoundError(f"{file} not found: the tokenizer must be a Hugging Face tokenizer.json")
         self._tok = tokenizers.Tokenizer.from_file(str(file))
+        self._max_token_bytes: int | None = None
         tok_cfg = _read_json(root / "tokenizer_config.json")
         model_cfg = _read_json(root / "config.json")
         gen_cfg = _read_json(root / "generation_config.json")
@@ -62,6 +63,19 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def max_token_bytes(self) -> int:
+        """No token decodes to more UTF-8 bytes than this, so a text of n bytes needs at
+        least n / max_token_bytes tokens: servers refuse a prompt that long without spending
+        seconds to tokenize megabytes. A token's string in the vocabulary is never shorter
+        than what it decodes to (byte-level "Ġ" is two bytes for one, "▁" three, "<0xE3>" six).
+        A normalizer that deletes characters would break the bound; those of the byte-level
+        and byte-fallback tokenizers served here do not."""
+        if self._max_token_bytes is None:
+            vocab = self._tok.get_vocab(with_added_tokens=True)
+            self._max_token_bytes = max((len(t.encode("utf-8")) for t in vocab), default=1)
+        return self._max_token_bytes
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids

@@ -38,13 +38,16 @@ from typing import Any, Callable
 from bullet_trt.engine.gc_freeze import freeze_startup_objects
 from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput, coalesce
 from bullet_trt.engine.stall_watch import StallWatch
-from bullet_trt.protocol import (AbortRequest, AddRequest, EngineFailed, EngineInfo, EngineReady, Shutdown,
-                                 StatsUpdate, StepOutputs)
+from bullet_trt.protocol import (AbortRequest, AddRequest, EngineFailed, EngineInfo, EngineReady, EngineStopped,
+                                 Shutdown, StatsUpdate, StepOutputs)
+from bullet_trt.serving.admission import QueueBound
 
 log = logging.getLogger("bullet_trt.engine_process")
 
 OutputCallback = Callable[[RequestOutput], None]
 StatsCallback = Callable[[EngineStats], None]
+
+SHUTTING_DOWN = "server is shutting down"
 
 
 class EngineUnavailable(RuntimeError):
@@ -57,8 +60,10 @@ class AsyncEngine(abc.ABC):
     Every request added is answered through its callback, from an engine thread: zero or
     more outputs with new tokens, then exactly one output with ``finished=True``:
     finish_reason "stop", "length", "abort", "rejected" (the engine refused the request at
-    admission; ``error`` names the field and the limit) or "error" (``error`` says why,
-    e.g. the engine process died).
+    admission; ``error`` names the field and the limit), "overloaded" (refused at once because
+    the engine's queue is full, bullet_trt/serving/admission.py; ``error`` names the bound),
+    "shutdown" (the server is shutting down) or "error" (``error`` says why, e.g. the engine
+    process died).
     """
 
     @abc.abstractmethod
@@ -139,7 +144,7 @@ def _engine_main(cfg, factory: str, engine_kwargs: dict, inbox, outbox, stats_in
         outbox.put(EngineFailed(traceback.format_exc()))
         return
     try:
-        _engine_loop(core, inbox, outbox, stats_interval, parent)
+        _engine_loop(core, inbox, outbox, stats_interval, parent, QueueBound.from_config(cfg))
     except BaseException:
         outbox.put(EngineFailed(traceback.format_exc()))
         raise
@@ -152,20 +157,54 @@ def _engine_main(cfg, factory: str, engine_kwargs: dict, inbox, outbox, stats_in
                 pass
 
 
-def _engine_loop(core, inbox, outbox, stats_interval: float, parent) -> None:
+class _StopSignal:
+    """SIGTERM as a request to stop between two steps, so that every request held ends with an
+    answer ("server is shutting down") and its blocks, and the workers stop with the engine.
+    Installed once serving starts: during start-up SIGTERM still ends the process at once."""
+
+    def __init__(self):
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, _signum, _frame) -> None:
+        self.requested = True
+
+
+def _engine_loop(core, inbox, outbox, stats_interval: float, parent, bound: QueueBound) -> None:
     watch = StallWatch.from_env("engine loop")
     try:
-        _serve(core, inbox, outbox, stats_interval, parent, watch)
+        _serve(core, inbox, outbox, stats_interval, parent, watch, bound, _StopSignal())
     finally:
         if watch:
             watch.close()
 
 
-def _serve(core, inbox, outbox, stats_interval: float, parent, watch: StallWatch | None) -> None:
+def _stop_serving(core, inbox, outbox) -> None:
+    """Ends every request held, and those still in the inbox, with SHUTTING_DOWN."""
+    outputs = core.fail_all(SHUTTING_DOWN)
+    while True:
+        try:
+            msg = inbox.get_nowait()
+        except (queue.Empty, EOFError, OSError):
+            break
+        if isinstance(msg, AddRequest):
+            outputs.append(RequestOutput(msg.request.request_id, [], finished=True,
+                                         num_prompt_tokens=len(msg.request.prompt_token_ids)))
+    for out in outputs:
+        out.finish_reason, out.error = "shutdown", SHUTTING_DOWN
+    outbox.put(StepOutputs(outputs, core.stats()))
+    outbox.put(EngineStopped(SHUTTING_DOWN))
+
+
+def _serve(core, inbox, outbox, stats_interval: float, parent, watch: StallWatch | None,
+           bound: QueueBound, stop: _StopSignal) -> None:
     last_stats = None
     last_stats_time = 0.0
     last_parent_check = time.monotonic()
     while True:
+        if stop.requested:
+            _stop_serving(core, inbox, outbox)
+            return
         busy = core.has_unfinished()
         # Idle: sleep on the queue (waking once a second to notice a dead parent).
         # Busy: only take what is already there, then step.
@@ -185,16 +224,24 @@ def _serve(core, inbox, outbox, stats_interval: float, parent, watch: StallWatch
             t_intake = time.perf_counter()
         taken = 0
         rejected = []
+        intake = bound.intake(core.stats()) if msg is not None else None
         while msg is not None:
             taken += 1
             match msg:
                 case AddRequest(request=req):
-                    try:
-                        core.add_request(req)
-                    except Exception as e:  # ValueError names the field and the limit
-                        rejected.append(RequestOutput(req.request_id, [], finished=True, finish_reason="rejected",
-                                                      num_prompt_tokens=len(req.prompt_token_ids),
-                                                      error=str(e)))
+                    n = len(req.prompt_token_ids)
+                    why = intake.refusal(n)
+                    if why is not None:
+                        rejected.append(RequestOutput(req.request_id, [], finished=True, finish_reason="overloaded",
+                                                      num_prompt_tokens=n, error=why))
+                    else:
+                        try:
+                            core.add_request(req)
+                            intake.admitted(n)
+                        except Exception as e:  # ValueError names the field and the limit
+                            rejected.append(RequestOutput(req.request_id, [], finished=True,
+                                                          finish_reason="rejected", num_prompt_tokens=n,
+                                                          error=str(e)))
                 case AbortRequest(request_id=rid):
                     core.abort_request(rid)
                 case Shutdown():
@@ -203,11 +250,13 @@ def _serve(core, inbox, outbox, stats_interval: float, parent, watch: StallWatch
                 msg = inbox.get_nowait()
             except queue.Empty:
                 msg = None
-        outputs = rejected
+        if rejected:  # answered now, not after the step about to run
+            outbox.put(StepOutputs(rejected, core.stats()))
+        outputs = []
         if watch:
             t_step = time.perf_counter()
         if core.has_unfinished():
-            outputs = outputs + core.step()
+            outputs = core.step()
         if watch:
             t_put = time.perf_counter()
         now = time.monotonic()
@@ -255,6 +304,7 @@ class EngineClient(AsyncEngine):
         self._stats = EngineStats()
         self._ready = False
         self._stopping = False
+        self._stopped_by_engine = False  # it stopped on SIGTERM (EngineStopped), not by failing
         self._failure: str | None = None
         self._proc = None
         self._reader: threading.Thread | None = None
@@ -371,6 +421,10 @@ class EngineClient(AsyncEngine):
                 lines = trace.strip().splitlines()
                 self._failure = f"engine failed: {lines[-1] if lines else 'unknown error'}"
                 log.error("engine process failed:\n%s", trace)
+            case EngineStopped(reason=reason):
+                self._failure = reason
+                self._stopped_by_engine = True
+                log.info("engine process stopped: %s", reason)
 
     def _read_loop(self) -> None:
         watch = StallWatch.from_env("engine reader")
@@ -401,7 +455,7 @@ class EngineClient(AsyncEngine):
         else:
             reason = self._failure or f"engine process died (exit code {code})"
             self._failure = reason
-        self._fail_all(reason)
+        self._fail_all(reason, "shutdown" if self._stopping or self._stopped_by_engine else "error")
         if not self._stopping and self._on_death:
             try:
                 self._on_death(reason)
@@ -435,13 +489,13 @@ class EngineClient(AsyncEngine):
                 return
             self._handle(msg)
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, reason: str = "error") -> None:
         with self._lock:
             pending = list(self._callbacks.items())
             self._callbacks.clear()
         for rid, cb in pending:
             try:
-                cb(RequestOutput(rid, [], finished=True, finish_reason="error", error=message))
+                cb(RequestOutput(rid, [], finished=True, finish_reason=reason, error=message))
             except Exception:
                 log.exception("output callback of request %s failed", rid)
 
@@ -480,7 +534,7 @@ class EngineClient(AsyncEngine):
         if self._reader is not None:
             self._reader.join(timeout=5)
         self._kill_group()
-        self._fail_all("engine is shutting down")
+        self._fail_all("engine is shutting down", "shutdown")
         for q in (getattr(self, "_inbox", None), getattr(self, "_outbox", None)):
             if q is not None:
                 q.close()

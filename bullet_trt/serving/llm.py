@@ -15,6 +15,7 @@ from bullet_trt.engine.request import NewRequest
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.model.tokenizer import Tokenizer
 from bullet_trt.serving.modes import create_engine
+from bullet_trt.serving.text_stream import TextStream
 
 
 @dataclass
@@ -47,6 +48,7 @@ class LLM:
         if not isinstance(sampling, list):
             sampling = [sampling or SamplingParams()] * len(prompts)
         order = []
+        streams: dict[str, TextStream] = {}
         for ids, params in zip(prompts, sampling):
             params = copy.deepcopy(params)
             if params.stop and not params.stop_token_ids:
@@ -54,17 +56,33 @@ class LLM:
             rid = f"llm-{next(self._ids)}"
             self.engine.add_request(NewRequest(rid, list(ids), params))
             order.append(rid)
+            streams[rid] = TextStream(self.tokenizer, params.stop, params.min_tokens)
+        # Text as the server makes it (serving/text_stream.py): the same pieces, and a stop
+        # string ends the output, without itself, at the token that completed it.
         tokens = {rid: [] for rid in order}
+        texts = {rid: [] for rid in order}
         lps = {rid: [] for rid in order}
         reasons: dict[str, str | None] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():
-                tokens[out.request_id] += out.new_token_ids
-                if out.new_logprobs:
-                    lps[out.request_id] += out.new_logprobs
-                if out.finished:
-                    reasons[out.request_id] = out.finish_reason
-        return [Completion(rid, list(ids), tokens[rid], self.tokenizer.decode(tokens[rid]),
+                rid, stream = out.request_id, streams[out.request_id]
+                if rid in reasons:
+                    continue  # stopped on a string: this is the engine's answer to the abort
+                for i, token in enumerate(out.new_token_ids):
+                    tokens[rid].append(token)
+                    if out.new_logprobs:
+                        lps[rid].append(out.new_logprobs[i])
+                    texts[rid].append(stream.push(token))
+                    if stream.stopped:
+                        break
+                if stream.stopped:
+                    reasons[rid] = "stop"
+                    if not out.finished:
+                        self.engine.abort_request(rid)
+                elif out.finished:
+                    texts[rid].append(stream.finish())
+                    reasons[rid] = "stop" if stream.stopped else out.finish_reason
+        return [Completion(rid, list(ids), tokens[rid], "".join(texts[rid]),
                            reasons.get(rid), lps[rid] if p.logprobs else None)
                 for rid, ids, p in zip(order, prompts, sampling)]
 

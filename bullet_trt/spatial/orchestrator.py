@@ -137,7 +137,8 @@ class SpatialEngine:
 
     def stats(self) -> EngineStats:
         q = self.queues
-        return EngineStats(num_waiting=len(q.waiting), num_running=len(q.running),
+        return EngineStats(num_waiting=len(q.waiting), num_waiting_tokens=sum(s.num_uncached for s in q.waiting),
+                           num_running=len(q.running),
                            kv_blocks_total=self.allocator.num_blocks, kv_blocks_free=self.allocator.num_free,
                            tokens_generated=self.requests.tokens_generated, num_preemptions=q.num_preemptions,
                            prefill_sms=self.last_sms[0], decode_sms=self.last_sms[1])

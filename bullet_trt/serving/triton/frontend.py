@@ -131,6 +131,19 @@ class Frontend:
         self.tokenizer = tokenizer
         self.limits = limits
 
+    def _check_prompt_bytes(self, text: str) -> None:
+        """A prompt too long in bytes for any tokenization to fit is refused before it is
+        tokenized: a megabyte takes the tokenizer about a second, during which this model
+        starts no other request."""
+        per_token = getattr(self.tokenizer, "max_token_bytes", None)
+        if not per_token:
+            return
+        limit = self.limits.request.max_prompt_len
+        n = len(text.encode("utf-8"))
+        if n > limit * per_token:
+            raise RequestError(f"text_input is too long: {n} bytes, more than the limit of {limit} tokens can "
+                               f"hold (no token of this model is longer than {per_token} bytes)")
+
     def parse(self, inputs: Mapping[str, np.ndarray]) -> ParsedRequest:
         lim = self.limits
         unknown = sorted(set(inputs) - set(INPUTS))
@@ -142,6 +155,7 @@ class Frontend:
         text = _utf8("text_input", _scalar("text_input", inputs["text_input"]))
         if not text:
             raise RequestError("text_input is empty: the prompt must hold at least one character")
+        self._check_prompt_bytes(text)
 
         p = SamplingParams(max_tokens=_int("max_tokens", inputs["max_tokens"]) if "max_tokens" in inputs
                            else lim.default_max_tokens)

@@ -8,6 +8,7 @@
     bullet_generation_tokens_total         counter    tokens generated since start
     bullet_preemptions_total               counter    sequences preempted for KV space
     bullet_requests_finished_total         counter    by reason: stop, length, abort, error, rejected
+    bullet_requests_refused_total          counter    refused at once because the engine's queue was full
     bullet_engine_ready                    gauge      1 while the engine process serves, 0 after it died
     bullet_prefill_sms / _decode_sms       gauge      SMs of the last prefill / decode iteration (spatial modes)
 
@@ -42,6 +43,7 @@ NAMES = (
     "bullet_requests_waiting", "bullet_requests_running", "bullet_kv_blocks_used",
     "bullet_kv_blocks_free", "bullet_generation_tokens_total", "bullet_preemptions_total",
     "bullet_requests_finished_total", "bullet_engine_ready", "bullet_prefill_sms", "bullet_decode_sms",
+    "bullet_requests_refused_total",
 )
 
 
@@ -67,6 +69,7 @@ class Metrics:
         self._tokens = 0
         self._preemptions = 0
         self.finished = {r: 0 for r in FINISH_REASONS}
+        self.refused = 0
         labels = dict(labels or {})
         fam = getattr(pb_utils, "MetricFamily", None) if pb_utils is not None else None
 
@@ -99,6 +102,8 @@ class Metrics:
         self.ready = make(NAMES[9], "1 while the engine serves requests, 0 after it stopped", G)
         self.prefill_sms = make(NAMES[10], "SMs of the last prefill iteration (bullet and static modes)", G)
         self.decode_sms = make(NAMES[11], "SMs of the last decode iteration (bullet and static modes)", G)
+        self.refused_total = make(NAMES[12], "Requests refused at once (UNAVAILABLE) because the engine's "
+                                  "queue held serve.max_queue requests or serve.max_queue_tokens prompt tokens", C)
 
     def _family(self, fam, name, description, kind):
         for known_name, family in self._families:
@@ -157,6 +162,11 @@ class Metrics:
         with self._lock:
             self.finished[reason] += 1
             self._call(self.finished_by[reason], "increment", 1)
+
+    def request_refused(self) -> None:
+        with self._lock:
+            self.refused += 1
+            self._call(self.refused_total, "increment", 1)
 
     def close(self) -> None:
         with self._lock:

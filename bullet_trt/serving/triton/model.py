@@ -4,14 +4,16 @@ Flow of one request::
 
     execute()  (stub main thread)     parse + validate + tokenize (frontend.py), then
                                       engine.add_request(NewRequest, callback)
-    engine reader thread              callback per RequestOutput: incremental detokenization,
-                                      one response per new piece of text (stream=true) or one
-                                      response at the end (stream=false), FINAL flag last
+    engine reader thread              callback per RequestOutput: text per token (TextStream:
+                                      incremental detokenization, stop strings), one response
+                                      per new piece of text (stream=true) or one response at
+                                      the end (stream=false), FINAL flag last
     cancellation thread               polls request.is_cancelled() and aborts in the engine
 
 Every request ends with exactly one response (or flag) carrying
 TRITONSERVER_RESPONSE_COMPLETE_FINAL: its last text, an error naming the input and the
-limit it broke, "cancelled", or the engine's failure. If the engine process dies, in-flight
+limit it broke, "cancelled", a refusal because the engine's queue is full (UNAVAILABLE:
+retry later or elsewhere), "server is shutting down" (UNAVAILABLE), or the engine's failure. If the engine process dies, in-flight
 requests get an error, `bullet_engine_ready` drops to 0 and, when the server runs with
 ``--model-control-mode=explicit`` (as `bullet-trt serve` starts it), the model unloads
 itself so that Triton reports it not ready.
@@ -34,7 +36,8 @@ from bullet_trt.engine.request import NewRequest, RequestOutput
 from bullet_trt.engine.validation import RequestError, RequestLimits
 from bullet_trt.serving.triton.frontend import Frontend, FrontendLimits, ParsedRequest
 from bullet_trt.serving.triton.metrics import Metrics
-from bullet_trt.serving.engine_process import AsyncEngine, EngineClient, EngineUnavailable
+from bullet_trt.serving.engine_process import SHUTTING_DOWN, AsyncEngine, EngineClient, EngineUnavailable
+from bullet_trt.serving.text_stream import TextStream
 from bullet_trt.engine.gc_freeze import freeze_startup_objects
 
 log = logging.getLogger("bullet_trt.serving.triton")
@@ -111,7 +114,7 @@ class _Active:
     request: object
     sender: object
     parsed: ParsedRequest
-    detok: object
+    text_stream: TextStream
     arrival: float
     lock: threading.Lock = field(default_factory=threading.Lock)
     first_token: float | None = None
@@ -121,7 +124,7 @@ class _Active:
     pending_logprobs: list[float] = field(default_factory=list)
     all_logprobs: list[float] = field(default_factory=list)
     cum_logprob: float = 0.0
-    text: list[str] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)  # stream=false: the text so far
     sent_any: bool = False
     cancelled: bool = False
     done: bool = False
@@ -148,8 +151,7 @@ class TritonPythonModel:
         engine_dir = resolve_engine_dir(params["engine_dir"], model_dir)
         self.cfg = load_engine_config(engine_dir, overrides)
 
-        from bullet_trt.model.tokenizer import IncrementalDetokenizer, Tokenizer
-        self._detok_cls = IncrementalDetokenizer
+        from bullet_trt.model.tokenizer import Tokenizer
         self.tokenizer = Tokenizer(self.cfg.tokenizer_path)
         limits = RequestLimits(self.cfg.max_model_len, vocab_size=self.tokenizer.vocab_size,
                                max_tokens_cap=int(params["max_tokens_limit"]) or None)
@@ -209,8 +211,8 @@ class TritonPythonModel:
             self._send_error_final(sender, str(e), "INVALID_ARG")
             return
         rid = f"r{next(self._ids)}"
-        state = _Active(rid, request, sender, parsed, self._detok_cls(self.tokenizer, parsed.prompt_token_ids),
-                        arrival)
+        stream = TextStream(self.tokenizer, parsed.params.stop, parsed.params.min_tokens)
+        state = _Active(rid, request, sender, parsed, stream, arrival)
         with self._active_lock:
             self._active[rid] = state
         try:
@@ -231,22 +233,38 @@ class TritonPythonModel:
 
     # -- engine outputs (reader thread) ---------------------------------------------------------
     def _on_output(self, st: _Active, out: RequestOutput) -> None:
+        if st.done:  # ended here at a stop string; this is the engine's answer to the abort
+            return
         now = time.monotonic()
         if out.new_token_ids:
             if st.first_token is None:
                 st.first_token = now
                 self.metrics.observe_ttft(now - st.arrival)
             st.last_token = now
-            st.num_output_tokens += len(out.new_token_ids)
-            st.pending_tokens += len(out.new_token_ids)
-            if out.new_logprobs:
-                st.pending_logprobs.extend(out.new_logprobs)
-                st.all_logprobs.extend(out.new_logprobs)
-                st.cum_logprob += float(sum(out.new_logprobs))
-        piece = st.detok.step(out.new_token_ids) if out.new_token_ids else ""
+        # Token by token, so that a stop string ends the output at the token that completed
+        # it even when the reader merged several steps into this output.
+        pieces = []
+        logprobs = out.new_logprobs or []
+        for i, token in enumerate(out.new_token_ids):
+            st.num_output_tokens += 1
+            st.pending_tokens += 1
+            if i < len(logprobs):
+                st.pending_logprobs.append(logprobs[i])
+                st.all_logprobs.append(logprobs[i])
+                st.cum_logprob += float(logprobs[i])
+            pieces.append(st.text_stream.push(token))
+            if st.text_stream.stopped:
+                break
+        piece = "".join(pieces)
+        if st.text_stream.stopped:
+            if not out.finished:
+                self.engine.abort(st.rid)  # its KV blocks return at the engine's next step
+            self._finish(st, "stop", None, piece)
+            return
         if out.finished:
-            piece += st.detok.flush()
-            self._finish(st, out, piece)
+            piece += st.text_stream.finish()
+            reason = "stop" if st.text_stream.stopped else out.finish_reason or ("error" if out.error else "stop")
+            self._finish(st, reason, out.error, piece)
             return
         if not piece:
             return
@@ -258,25 +276,29 @@ class TritonPythonModel:
                     st.cancelled = True
                     self.engine.abort(st.rid)
         else:
-            st.text.append(piece)
+            st.pieces.append(piece)
 
-    def _finish(self, st: _Active, out: RequestOutput, piece: str) -> None:
+    def _finish(self, st: _Active, reason: str, error: str | None, piece: str) -> None:
         with self._active_lock:
             self._active.pop(st.rid, None)
         if st.first_token is not None and st.num_output_tokens > 1:
             self.metrics.observe_tpot((st.last_token - st.first_token) / (st.num_output_tokens - 1))
-        reason = out.finish_reason or ("error" if out.error else "stop")
-        self.metrics.request_finished(reason)
+        if reason == "overloaded":
+            self.metrics.request_refused()
+        else:
+            self.metrics.request_finished("error" if reason == "shutdown" else reason)
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         with st.lock:
             if st.done:
                 return
             st.done = True
             if reason == "rejected":  # the engine refused it at admission (names field and limit)
-                self._send_error_final(st.sender, out.error or "request rejected", "INVALID_ARG")
-            elif out.error or reason == "error":
+                self._send_error_final(st.sender, error or "request rejected", "INVALID_ARG")
+            elif reason in ("overloaded", "shutdown"):  # not served now; a retry may be
+                self._send_error_final(st.sender, error or "server unavailable", "UNAVAILABLE")
+            elif error or reason == "error":
                 code = "INTERNAL" if self.engine.is_ready() else "UNAVAILABLE"
-                self._send_error_final(st.sender, out.error or "request failed", code)
+                self._send_error_final(st.sender, error or "request failed", code)
             elif reason == "abort":
                 self._send_error_final(st.sender, "request cancelled", "CANCELLED")
             elif st.parsed.stream:
@@ -285,8 +307,8 @@ class TritonPythonModel:
                 else:
                     self._send(st, None, final)
             else:
-                st.text.append(piece)
-                text = "".join(st.text)
+                st.pieces.append(piece)
+                text = "".join(st.pieces)
                 if not st.parsed.exclude_input_in_output:
                     text = st.parsed.text + text
                 self._send(st, self._response(st, text, whole=True), final)
@@ -361,7 +383,7 @@ class TritonPythonModel:
                     self.engine.abort(st.rid)
 
     def _on_engine_death(self, reason: str) -> None:
-        log.error("bullet: %s; the model is no longer ready", reason)
+        (log.info if reason == SHUTTING_DOWN else log.error)("bullet: %s; the model is no longer ready", reason)
         self.metrics.set_ready(False)
         if self.unload_on_failure:
             threading.Thread(target=self._unload_self, name="bullet-unload", daemon=True).start()

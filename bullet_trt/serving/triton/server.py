@@ -39,6 +39,10 @@ DEFAULT_MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
 DEFAULT_ENGINE_DIR = PROJECT_ROOT / "engines" / "default"
 CACHE_ENV = "BULLET_CACHE_DIR"
 STUB = "triton_python_backend_stub"
+# Loopback unless asked: tritonserver has no authentication, and 2.51's HTTP frontend is
+# brought down by a single large request body (docs/serving.md), so a public interface is
+# an explicit choice (`--host 0.0.0.0`), best behind a proxy that limits bodies.
+DEFAULT_HOST = "127.0.0.1"
 
 
 class ServerSetupError(RuntimeError):
@@ -159,9 +163,11 @@ def has_gpu() -> bool:
 
 def server_command(install: TritonInstall, backends: Path, model_repository: str | Path,
                    http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
-                   log_verbose: int = 0, explicit: bool = True, extra: list[str] | None = None) -> list[str]:
+                   log_verbose: int = 0, explicit: bool = True, extra: list[str] | None = None,
+                   host: str = DEFAULT_HOST) -> list[str]:
     cmd = [str(install.binary), f"--model-repository={model_repository}",
            f"--backend-directory={backends}",
+           f"--http-address={host}", f"--grpc-address={host}", f"--metrics-address={host}",
            f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
            "--allow-metrics=true", f"--allow-gpu-metrics={'true' if has_gpu() else 'false'}",
            "--exit-timeout-secs=15", f"--log-verbose={log_verbose}"]
@@ -174,12 +180,13 @@ def server_command(install: TritonInstall, backends: Path, model_repository: str
 def prepare(engine_dir: str | Path | None = None, overrides: dict[str, str] | None = None,
             model_repository: str | Path = DEFAULT_MODEL_REPOSITORY, http_port: int = 8000,
             grpc_port: int = 8001, metrics_port: int = 8002, log_verbose: int = 0,
-            explicit: bool = True, extra: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+            explicit: bool = True, extra: list[str] | None = None,
+            host: str = DEFAULT_HOST) -> tuple[list[str], dict[str, str]]:
     """The tritonserver command line and environment, with the stub in place."""
     install = find_triton()
     backends = prepare_backends(install)
     cmd = server_command(install, backends, Path(model_repository).resolve(), http_port, grpc_port,
-                         metrics_port, log_verbose, explicit, extra)
+                         metrics_port, log_verbose, explicit, extra, host)
     return cmd, server_env(install, engine_dir, overrides)
 
 
