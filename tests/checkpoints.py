@@ -10,7 +10,7 @@ import torch
 from bullet_trt.model.default_tokenizer import write_default_tokenizer
 
 VOCAB_SIZE = 2048  # the default tokenizer's
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 
 # Named test checkpoints: each stresses one feature of the model or the loader.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -26,10 +26,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "qwen3": dict(family="qwen3"),
     "qwen3-tied": dict(family="qwen3", tie_word_embeddings=True),
     "llama-sharded": dict(family="llama", sharded=True),
+    # 16 experts, top 4, renormalised (as Qwen3-30B-A3B); every layer sparse
+    "qwen3_moe": dict(family="qwen3_moe", moe=dict(norm_topk_prob=True)),
+    # raw top-k probabilities, and both ways a Qwen3-MoE config keeps dense MLPs:
+    # decoder_sparse_step 2 makes layers 1, 3, 5 sparse, mlp_only_layers takes 3 back
+    "qwen3_moe-mixed": dict(family="qwen3_moe", moe=dict(
+        norm_topk_prob=False, num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3])),
 }
 
+MOE_DEFAULTS = dict(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32)
 
-def _config(family: str, tie_word_embeddings: bool, rope_scaling: dict | None):
+
+def _config(family: str, tie_word_embeddings: bool, rope_scaling: dict | None, moe: dict | None):
     import transformers
 
     common = dict(
@@ -47,6 +55,8 @@ def _config(family: str, tie_word_embeddings: bool, rope_scaling: dict | None):
         return transformers.Qwen2Config(**common, rope_parameters=rope)
     if family == "qwen3":
         return transformers.Qwen3Config(**common, rope_parameters=rope)
+    if family == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(**{**common, **MOE_DEFAULTS, **(moe or {})}, rope_parameters=rope)
     raise ValueError(f"unknown family {family!r}; known: {FAMILIES}")
 
 
@@ -64,20 +74,21 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
         elif "embed_tokens" in name:
             value = noise
         else:
-            gain = 2.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
-            value = gain * noise / math.sqrt(p.shape[1])
+            # sharp attention; a decisive router, so wrong routing shows in the logits
+            gain = 2.0 if name.endswith(("q_proj.weight", "k_proj.weight", "mlp.gate.weight")) else 1.0
+            value = gain * noise / math.sqrt(p.shape[-1])  # fan-in, stacked experts too
         p.copy_(value.to(p.dtype))
 
 
 def make_checkpoint(out_dir: str | Path, family: str, dtype: torch.dtype = torch.float32,
                     sharded: bool = False, tie_word_embeddings: bool = False,
-                    rope_scaling: dict | None = None, seed: int = 0) -> Path:
+                    rope_scaling: dict | None = None, moe: dict | None = None, seed: int = 0) -> Path:
     """Writes config.json, safetensors weights and the default tokenizer into out_dir."""
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # "Writing model shards" noise
     out = Path(out_dir)
-    config = _config(family, tie_word_embeddings, rope_scaling)
+    config = _config(family, tie_word_embeddings, rope_scaling, moe)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _randomize(model, seed)
     model.to(dtype)

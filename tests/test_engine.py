@@ -10,15 +10,17 @@ from bullet_trt.serving.llm import LLM
 from bullet_trt.engine.request import NewRequest
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.tools.build import build_from_checkpoint
-from tests.checkpoints import make_checkpoint
+from tests.checkpoints import make_variant
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
+# the dense families, and Qwen3-MoE with renormalised top-k on every layer and with raw top-k
+# beside dense layers
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_moe-mixed"]
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
 
 
-def engine_dir_for(tmp_path_factory, family: str, **kw):
-    root = tmp_path_factory.mktemp(f"{family}-engine")
-    ckpt = make_checkpoint(root / "ckpt", family, **kw)
+def engine_dir_for(tmp_path_factory, variant: str, **kw):
+    root = tmp_path_factory.mktemp(f"{variant}-engine")
+    ckpt = make_variant(root / "ckpt", variant, **kw)
     return build_from_checkpoint(ckpt, root / "engine", max_model_len=256, dtype="float32"), ckpt
 
 
@@ -33,10 +35,10 @@ def prompts(n: int, seed: int = 1) -> list[list[int]]:
             for _ in range(n)]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_matches_transformers_generate(tmp_path_factory, family):
+@pytest.mark.parametrize("variant", FAMILIES)
+def test_greedy_matches_transformers_generate(tmp_path_factory, variant):
     from transformers import AutoModelForCausalLM
-    engine, ckpt = engine_dir_for(tmp_path_factory, family)
+    engine, ckpt = engine_dir_for(tmp_path_factory, variant)
     ids = prompts(1, seed=7)[0]
     hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -158,21 +160,31 @@ def test_allocator_refuses_double_free():
         alloc.free(blocks[:1])
 
 
-def test_prefill_and_decode_in_two_processes_match_one_process(llama_engine):
+@pytest.fixture(scope="module")
+def moe_engine(tmp_path_factory):
+    return engine_dir_for(tmp_path_factory, "qwen3_moe-mixed")[0]
+
+
+@pytest.mark.parametrize("engine_fixture", ["llama_engine", "moe_engine"])
+def test_prefill_and_decode_in_two_processes_match_one_process(request, engine_fixture):
+    """Bullet's split: the prefill and decode workers attach one copy of the weights (the MoE
+    layers' stacked experts too) and continue each other's sequences."""
+    engine = request.getfixturevalue(engine_fixture)
     batch = prompts(6, seed=21)
     params = [GREEDY, SamplingParams(max_tokens=24, temperature=0.8, seed=7, ignore_eos=True)] * 3
-    with LLM(str(llama_engine)) as llm:
+    with LLM(str(engine)) as llm:
         ref = [c.token_ids for c in llm.generate_token_ids(batch, params)]
-    with LLM(str(llama_engine), **{"serve.mode": "bullet"}) as llm:
+    with LLM(str(engine), **{"serve.mode": "bullet"}) as llm:
         out = llm.generate_token_ids(batch, params)
         workers = (llm.engine.prefill, llm.engine.decode)
         pids = {w.pid for w in workers}
         fused = [w.fused_groups for w in workers]
-        layers = llm.engine.state.arch.num_layers
+        arch = llm.engine.state.arch
         stats = llm.engine.stats()
     import os
     assert len(pids) == 2 and os.getpid() not in pids
-    assert fused == [2 * layers] * 2  # shared memory kept the fused layout
+    # shared memory kept the fused layout (an MoE layer's MLP is its stacked experts)
+    assert fused == [2 * arch.num_layers - len(arch.moe_layers)] * 2
     assert [c.token_ids for c in out] == ref
     assert stats.kv_blocks_free == stats.kv_blocks_total
 

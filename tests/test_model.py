@@ -16,7 +16,8 @@ from bullet_trt.model.loader import load_checkpoint, resolve_dtype
 from bullet_trt.model.rope import build_cos_sin_cache
 from bullet_trt.model.transformer import CausalLM
 
-VARIANTS = ["llama-llama3", "llama-linear", "mistral", "qwen2", "qwen3", "qwen3-tied", "llama-sharded"]
+VARIANTS = ["llama-llama3", "llama-linear", "mistral", "qwen2", "qwen3", "qwen3-tied", "llama-sharded",
+            "qwen3_moe", "qwen3_moe-mixed"]
 TOL = 1e-4
 
 
@@ -100,7 +101,7 @@ def test_chunked_prefill_uses_cached_kv(checkpoint, variant):
     assert max_diff(got[-1], hf_logits(path, ids)[-1]) <= TOL
 
 
-@pytest.mark.parametrize("variant", ["llama-llama3", "qwen2", "qwen3-tied"])
+@pytest.mark.parametrize("variant", ["llama-llama3", "qwen2", "qwen3-tied", "qwen3_moe-mixed"])
 def test_packed_batch_equals_each_alone(checkpoint, variant):
     model = ours(checkpoint(variant))
     prompts = [prompt(n, seed=10 + n) for n in (20, 5, 33, 1)]
@@ -207,7 +208,8 @@ def test_weights_shared_with_another_process_stay_fused(checkpoint):
 
 
 def test_parameter_names_are_huggingface_names(checkpoint):
-    for variant, extra in (("qwen2", "self_attn.q_proj.bias"), ("qwen3", "self_attn.q_norm.weight")):
+    for variant, extra in (("qwen2", "self_attn.q_proj.bias"), ("qwen3", "self_attn.q_norm.weight"),
+                           ("qwen3_moe", "mlp.experts.gate_up_proj")):
         path = checkpoint(variant)
         names = set(ours(path).state_dict())
         assert f"model.layers.1.{extra}" in names
@@ -246,6 +248,42 @@ def test_arch_family_specifics():
         mistral.check_max_model_len(129)
     wide = ModelArch.from_hf_dict(base_config(architectures=["MistralForCausalLM"], sliding_window=4096))
     assert wide.sliding_window is None
+
+
+@pytest.mark.parametrize("step,dense", [(1, []), (2, []), (3, [2]), (1, [0, 4])])
+def test_moe_layer_layout_follows_transformers(step, dense):
+    """Which layers are sparse (decoder_sparse_step, mlp_only_layers), read off the modules
+    transformers builds for the same config."""
+    import transformers
+    cfg = transformers.Qwen3MoeConfig(
+        architectures=["Qwen3MoeForCausalLM"], vocab_size=64, hidden_size=32, intermediate_size=48,
+        num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=16, decoder_sparse_step=step, mlp_only_layers=dense)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(cfg)
+    want = tuple(i for i, layer in enumerate(hf.model.layers) if hasattr(layer.mlp, "experts"))
+    arch = ModelArch.from_hf_dict(cfg.to_dict())
+    assert arch.moe_layers == want and 0 < len(want)
+    model = CausalLM(arch, torch.float32, "meta")
+    assert [i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts")] == list(want)
+
+
+def test_published_qwen3_moe_config_parses():
+    """The preset is Qwen3-30B-A3B's config.json, which names the expert count num_experts
+    (transformers 5 writes num_local_experts, read by the tests' checkpoints)."""
+    from bullet_trt.model.presets import PRESETS
+    arch = ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"])
+    assert (arch.family, arch.num_experts, arch.num_experts_per_tok, arch.moe_intermediate_size) == (
+        "qwen3_moe", 128, 8, 768)
+    assert arch.norm_topk_prob and arch.qk_norm and arch.moe_layers == tuple(range(48))
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        ModelArch.from_hf_dict({**PRESETS["qwen3-30b-a3b"], "num_experts_per_tok": 129})
+
+
+def test_moe_layers_fuse_attention_only(checkpoint):
+    model = ours(checkpoint("qwen3_moe-mixed"))
+    arch = model.arch
+    assert model.fused_groups == 2 * arch.num_layers - len(arch.moe_layers)
 
 
 def test_unknown_rope_type_is_refused():
@@ -331,3 +369,25 @@ def test_tied_checkpoint_with_stray_lm_head_loads(checkpoint, tmp_path):
     tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
     save_file(tensors, path / "model.safetensors")
     load(path)
+
+
+def test_stacked_expert_checkpoint_loads_as_per_expert_one(checkpoint, tmp_path):
+    """A checkpoint holding the stacked expert tensors under the model's own names loads to
+    the same parameters as the per-expert one transformers saves."""
+    path = copy_of(checkpoint, "qwen3_moe", tmp_path)
+    want = ours(checkpoint("qwen3_moe")).state_dict()
+    assert "model.layers.0.mlp.experts.3.gate_proj.weight" in load_file(path / "model.safetensors")
+    save_file({k: v.contiguous() for k, v in want.items()}, path / "model.safetensors")
+    model = CausalLM(ModelArch.from_checkpoint(path), torch.float32, "cpu")
+    load_checkpoint(model, path, torch.float32)
+    got = model.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_missing_expert_tensor_is_named(checkpoint, tmp_path):
+    path = copy_of(checkpoint, "qwen3_moe", tmp_path)
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.layers.1.mlp.experts.7.up_proj.weight"]
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.experts\.7\.up_proj\.weight"):
+        load(path)

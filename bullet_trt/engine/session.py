@@ -115,10 +115,14 @@ class TorchSession(EngineSession):
                 self.run([BatchItem("warm-up", [1] * 2, 0, [shared[i % 64]], greedy, True) for i in range(b)])
         self.graphs = graphs
         ops = self.model.ops
+        arch = self.model.arch
         if hasattr(ops, "compile_decode_variants"):
-            arch = self.model.arch
             ops.compile_decode_variants(arch.num_heads, arch.num_kv_heads, arch.head_dim,
                                         self.model.dtype, bs, self.device)
+        if arch.moe_layers and hasattr(ops, "compile_moe_variants"):
+            # the large-prefill tile form, which the short warm-up steps above never pick
+            ops.compile_moe_variants(arch.hidden_size, arch.moe_intermediate_size,
+                                     arch.num_experts_per_tok, self.model.dtype, self.device)
         torch.cuda.synchronize(self.device)
 
     def capture_graphs(self) -> int:

@@ -87,3 +87,47 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         scores = scores.masked_fill(~mask, float("-inf"))
         out[start:end] = (scores.softmax(-1) @ vi).transpose(0, 1).to(q.dtype)
     return out
+
+
+def moe_route(router_logits: torch.Tensor, top_k: int,
+              renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights (T, k) in the logits' dtype, expert ids (T, k) int32): the softmax over the
+    experts in fp32, its top k, renormalised to sum to 1 when ``renormalize`` (Qwen3-MoE's
+    ``norm_topk_prob``), as transformers' Qwen3-MoE router computes them."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), ids.to(torch.int32)
+
+
+def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              expert_offset: int = 0) -> torch.Tensor:
+    """The experts' part of a MoE layer: for each token, the sum over its k experts e of
+    weight * down_e(silu(gate_e(x)) * up_e(x)).
+
+    x (T, H); w_gate_up (E_local, 2I, H), each expert's gate rows then its up rows; w_down
+    (E_local, H, I); topk_weights, topk_ids (T, k). The weights hold experts expert_offset ..
+    expert_offset + E_local - 1 (all of them without expert parallelism); assignments to other
+    experts add nothing here, so ranks that hold disjoint ranges sum their outputs.
+
+    The token-expert assignments are sorted by expert and each expert's rows run as one pair
+    of GEMMs, the grouped GEMM the Triton kernel tiles; the per-expert loop and its host sync
+    are fine on CPU. Accumulation follows transformers (in x's dtype, expert by expert).
+    """
+    num_local, k = w_gate_up.shape[0], topk_ids.shape[1]
+    out = torch.zeros_like(x)
+    local = topk_ids.reshape(-1).long() - expert_offset
+    order = torch.argsort(local, stable=True)  # assignment ids (token * k + slot) by expert
+    bounds = torch.searchsorted(local[order], torch.arange(num_local + 1, device=x.device)).tolist()
+    flat_weights = topk_weights.reshape(-1)
+    for e in range(num_local):
+        ids = order[bounds[e]:bounds[e + 1]]
+        if ids.numel() == 0:
+            continue
+        tokens = ids // k
+        act = silu_and_mul(x[tokens] @ w_gate_up[e].t())
+        y = (act @ w_down[e].t()) * flat_weights[ids, None]
+        out.index_add_(0, tokens, y.to(out.dtype))
+    return out

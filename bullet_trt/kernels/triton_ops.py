@@ -1,7 +1,8 @@
 """Triton GPU kernels with the same names and signatures as ``reference.py``.
 
-Imported only on CUDA (``ops_for``); this is the one module that imports Triton. Every kernel
-accumulates in fp32 and takes bf16, fp16 or fp32 tensors.
+Imported only on CUDA (``ops_for``); this module and the one it gathers the MoE ops from
+(``triton_moe.py``) are the only ones that import Triton. Every kernel accumulates in fp32 and
+takes bf16, fp16 or fp32 tensors.
 
 Attention reads K/V straight from the paged cache (2, num_blocks, block_size, Hkv, D):
 
@@ -29,10 +30,11 @@ import triton
 import triton.language as tl
 
 from bullet_trt.kernels.metadata import AttentionMetadata
+from bullet_trt.kernels.triton_moe import compile_moe_variants, fused_moe, moe_route
 
 __all__ = ["rms_norm", "add_rms_norm", "silu_and_mul", "apply_rope", "write_kv_cache",
            "paged_attention", "set_num_sms", "get_num_sms", "decode_splits_for",
-           "compile_decode_variants"]
+           "compile_decode_variants", "moe_route", "fused_moe", "compile_moe_variants"]
 
 LOG2E = 1.4426950408889634
 

@@ -13,6 +13,7 @@ ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -20,7 +21,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 @dataclass
 class ModelArch:
-    family: str  # llama | mistral | qwen2 | qwen3
+    family: str  # llama | mistral | qwen2 | qwen3 | qwen3_moe
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -41,6 +42,14 @@ class ModelArch:
     bos_token_id: int | None
     eos_token_ids: list[int]
     sliding_window: int | None = None  # only set when it is shorter than the position limit
+    # Mixture of experts (Qwen3-MoE): the layers in moe_layers route each token to
+    # num_experts_per_tok of num_experts MLPs of moe_intermediate_size; the other layers keep
+    # a dense MLP of intermediate_size. Dense families leave moe_layers empty.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
+    moe_layers: tuple[int, ...] = ()
     source: str = "<dict>"  # the config file, for error messages
 
     @staticmethod
@@ -86,12 +95,14 @@ class ModelArch:
         if dtype_name is not None and dtype_name not in _DTYPES:
             raise ValueError(f"{source}: field 'dtype' is {dtype_name!r}; supported: {sorted(_DTYPES)}")
         attention_bias = bool(d.get("attention_bias", False))
+        num_layers = int(need("num_hidden_layers"))
+        moe = _moe_params(d, family, num_layers, source)
         return ModelArch(
             family=family,
             vocab_size=int(need("vocab_size")),
             hidden_size=hidden,
             intermediate_size=int(need("intermediate_size")),
-            num_layers=int(need("num_hidden_layers")),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=int(d.get("num_key_value_heads") or heads),
             head_dim=int(d.get("head_dim") or hidden // heads),
@@ -102,15 +113,19 @@ class ModelArch:
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             # transformers hardcodes q/k/v biases for Qwen2 and none at all for Mistral.
             attention_bias={"qwen2": True, "mistral": False}.get(family, attention_bias),
-            o_proj_bias=family in ("llama", "qwen3") and attention_bias,
+            o_proj_bias=family in ("llama", "qwen3", "qwen3_moe") and attention_bias,
             mlp_bias=family == "llama" and bool(d.get("mlp_bias", False)),
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "qwen3_moe"),
             torch_dtype=_DTYPES[dtype_name] if dtype_name else None,
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             sliding_window=int(window) if window is not None else None,
+            **moe,
             source=source,
         )
+
+    def is_moe_layer(self, index: int) -> bool:
+        return index in self.moe_layers
 
     def check_max_model_len(self, max_model_len: int) -> None:
         """Sliding-window attention is not implemented: refuse contexts where it would matter."""
@@ -118,6 +133,28 @@ class ModelArch:
             raise NotImplementedError(
                 f"{self.source}: sliding_window={self.sliding_window} but max_model_len={max_model_len}; "
                 f"sliding-window attention is not implemented, set max_model_len <= {self.sliding_window}")
+
+
+def _moe_params(d: dict[str, Any], family: str, num_layers: int, source: str) -> dict[str, Any]:
+    """The expert fields of ModelArch; which layers are sparse follows transformers'
+    Qwen3-MoE rule: layer i is sparse unless listed in mlp_only_layers, when
+    (i + 1) % decoder_sparse_step == 0."""
+    if family != "qwen3_moe":
+        return {}
+    # transformers 5 writes num_local_experts (its attribute map); the published configs say num_experts
+    experts = int(d.get("num_experts") or d.get("num_local_experts") or 0)
+    top_k = int(d.get("num_experts_per_tok") or 0)
+    step = int(d.get("decoder_sparse_step") or 1)
+    dense = {int(i) for i in d.get("mlp_only_layers") or []}
+    layers = tuple(i for i in range(num_layers)
+                   if experts > 0 and i not in dense and (i + 1) % step == 0)
+    if layers and not 0 < top_k <= experts:
+        raise ValueError(f"{source}: field 'num_experts_per_tok' is {top_k}; it must be in 1..{experts}")
+    inter = d.get("moe_intermediate_size")
+    if layers and not inter:
+        raise ValueError(f"{source}: required field 'moe_intermediate_size' is missing")
+    return dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=int(inter or 0),
+                norm_topk_prob=bool(d.get("norm_topk_prob", False)), moe_layers=layers)
 
 
 def _rope_params(d: dict[str, Any], source: str) -> tuple[float, dict[str, Any] | None]:

@@ -8,6 +8,7 @@ import torch
 from safetensors import safe_open
 
 from bullet_trt.model.arch import ModelArch
+from bullet_trt.model.expert_weights import checkpoint_destinations
 from bullet_trt.model.transformer import CausalLM
 
 SINGLE_FILE = "model.safetensors"
@@ -62,7 +63,8 @@ def _ignored(name: str, arch: ModelArch) -> bool:
 def load_checkpoint(model: CausalLM, checkpoint_dir: str | Path, dtype: torch.dtype) -> None:
     """Copies every parameter from the checkpoint into ``model``, cast to ``dtype``."""
     source, files = checkpoint_files(checkpoint_dir)
-    params = dict(model.named_parameters())
+    # keyed by checkpoint tensor: stacked expert parameters are filled expert by expert
+    params = checkpoint_destinations(dict(model.named_parameters()), files)
     for name in params:
         if name not in files:
             raise ValueError(f"{source}: tensor {name!r} is missing from the checkpoint")

@@ -28,4 +28,15 @@ PRESETS: dict[str, dict] = {
         "rope_theta": 1000000.0, "rope_scaling": None, "max_position_embeddings": 40960,
         "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
         "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645},
+    # 30.5B parameters, 3.3B active: 128 experts per layer, 8 routed per token
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+        "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "rope_scaling": None, "max_position_embeddings": 40960,
+        "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
+        "use_sliding_window": False, "torch_dtype": "bfloat16", "bos_token_id": 151643,
+        "eos_token_id": 151645},
 }

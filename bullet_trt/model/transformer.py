@@ -1,4 +1,4 @@
-"""One decoder-only transformer for the Llama, Mistral, Qwen2 and Qwen3 families.
+"""One decoder-only transformer for the Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE families.
 
 Parameter names are exactly the Hugging Face ones, so a checkpoint's state dict (or one shared
 from another process) plugs in without renaming. Attention runs over the paged KV cache through
@@ -10,6 +10,11 @@ allocation: at decode's small batch a GEMM is bound by reading its weights, and 
 reads them at a higher rate than three narrow ones. Views shared with another process keep the
 layout (CUDA IPC and shared memory share whole allocations), so workers fuse too; tensors that
 do not lie back to back (attached from elsewhere) fall back to one GEMM each.
+
+A mixture-of-experts layer (Qwen3-MoE) holds its experts as two stacked parameters under
+transformers' names, ``experts.gate_up_proj`` (experts, 2 * inter, hidden) and
+``experts.down_proj`` (experts, hidden, inter), which the kernels' ``fused_moe`` runs as one
+grouped GEMM over the tokens sorted by expert (docs/moe.md).
 """
 from __future__ import annotations
 
@@ -104,11 +109,38 @@ class MLP(nn.Module):
         return self.down_proj(ops.silu_and_mul(_fused_linear(x, self.gate_up, [self.gate_proj, self.up_proj])))
 
 
-class DecoderLayer(nn.Module):
+class Experts(nn.Module):
+    """The experts of one MoE layer, stacked: this rank's share of them under expert
+    parallelism (``expert_offset`` is the first expert it holds), all of them until then."""
+
     def __init__(self, arch: ModelArch):
         super().__init__()
+        e, h, inter = arch.num_experts, arch.hidden_size, arch.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * inter, h))
+        self.down_proj = nn.Parameter(torch.empty(e, h, inter))
+        self.expert_offset = 0
+
+
+class SparseMoeBlock(nn.Module):
+    """Router (``gate``) and experts of a Qwen3-MoE layer."""
+
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.gate = nn.Linear(arch.hidden_size, arch.num_experts, bias=False)
+        self.experts = Experts(arch)
+        self.top_k, self.renormalize = arch.num_experts_per_tok, arch.norm_topk_prob
+
+    def forward(self, ops, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = ops.moe_route(self.gate(x), self.top_k, self.renormalize)
+        e = self.experts
+        return ops.fused_moe(x, e.gate_up_proj, e.down_proj, weights, ids, e.expert_offset)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch, index: int):
+        super().__init__()
         self.self_attn = Attention(arch)
-        self.mlp = MLP(arch)
+        self.mlp = SparseMoeBlock(arch) if arch.is_moe_layer(index) else MLP(arch)
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
@@ -117,7 +149,7 @@ class Model(nn.Module):
     def __init__(self, arch: ModelArch):
         super().__init__()
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(arch) for _ in range(arch.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
 
@@ -159,6 +191,8 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             for child, (attr, names) in FUSED_GROUPS.items():
                 module = getattr(layer, child)
+                if isinstance(module, SparseMoeBlock):
+                    continue  # its experts are stacked already
                 yield module, attr, [getattr(module, n) for n in names]
 
     def _lay_out_fused_groups(self) -> None:
@@ -183,7 +217,8 @@ class CausalLM(nn.Module):
 
     @property
     def fused_groups(self) -> int:
-        """How many projection groups run as one GEMM (2 per layer when all are fused)."""
+        """How many projection groups run as one GEMM (2 per layer when all are fused; 1 per
+        MoE layer, whose MLP is its stacked experts)."""
         return sum(getattr(module, attr) is not None for module, attr, _ in self._fused_group_members())
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from bullet_trt.config import ConfigError, EngineConfig, ProfileConfig, parse_overrides, save_engine_config
+from bullet_trt.model.presets import PRESETS
 from bullet_trt.serving.triton.server import DEFAULT_ENGINE_DIR, PROJECT_ROOT
 from bullet_trt.tools.build_default_model import DEFAULT_HPARAMS, UNTRAINED_NOTE, write_random_llama
 
@@ -74,7 +75,6 @@ def build_dummy_engine(arch_name: str, out: Path, max_model_len: int | None, see
     from tokenizers import AddedToken, Tokenizer as HFTokenizer
 
     from bullet_trt.model.default_tokenizer import write_default_tokenizer
-    from bullet_trt.model.presets import PRESETS
 
     if arch_name not in PRESETS:
         raise ValueError(f"--arch must be one of {sorted(PRESETS)}, got {arch_name!r}")
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="rebuild the default even if present")
     ap.add_argument("--dummy-weights", action="store_true",
                     help="random weights of the --arch preset, made on the device at load time")
-    ap.add_argument("--arch", help="preset for --dummy-weights: llama-3.1-8b, qwen3-8b, llama-3.1-70b")
+    ap.add_argument("--arch", help=f"preset for --dummy-weights: {', '.join(PRESETS)}")
     ap.add_argument("--profile", action="store_true",
                     help="measure the engine on this GPU and write the calibrated performance model")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--set applies to --profile only; a server takes its overrides itself")
     if args.dummy_weights:
         if not args.arch:
-            raise SystemExit("--dummy-weights needs --arch (one of llama-3.1-8b, qwen3-8b, llama-3.1-70b)")
+            raise SystemExit(f"--dummy-weights needs --arch (one of {', '.join(PRESETS)})")
         out = build_dummy_engine(args.arch, args.out or PROJECT_ROOT / "engines" / args.arch,
                                  args.max_model_len, args.seed)
     elif args.checkpoint:

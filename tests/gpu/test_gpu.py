@@ -113,10 +113,11 @@ def test_cross_process_cuda_ipc_matches_single_process(checkpoint, tmp_path):
     assert stats.kv_blocks_free == stats.kv_blocks_total
 
 
-def test_decode_cuda_graphs_match_eager(checkpoint, tmp_path):
-    """Decode steps replayed from CUDA graphs (Triton kernels, padded batch buckets) give the
-    tokens of eager decode steps."""
-    engine = build_from_checkpoint(checkpoint("qwen3"), tmp_path / "engine", max_model_len=256,
+@pytest.mark.parametrize("variant", ["qwen3", "qwen3_moe-mixed"])
+def test_decode_cuda_graphs_match_eager(checkpoint, tmp_path, variant):
+    """Decode steps replayed from CUDA graphs (Triton kernels, padded batch buckets; the MoE
+    layers' routing and fused experts too) give the tokens of eager decode steps."""
+    engine = build_from_checkpoint(checkpoint(variant), tmp_path / "engine", max_model_len=256,
                                    dtype="float32")
     prompts = random_prompts(5, seed=8)
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)

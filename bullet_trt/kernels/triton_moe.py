@@ -1,0 +1,278 @@
+"""Fused mixture-of-experts on GPUs: ``moe_route`` and ``fused_moe`` with the signatures of
+``reference.py``, re-exported by ``triton_ops`` (imported only on CUDA, like it).
+
+``fused_moe`` is a grouped GEMM over the token-expert assignments sorted by expert, in the
+manner of vLLM's fused_moe:
+
+1. ``moe_align_block_size`` groups the T * k assignment ids by expert and pads each expert's
+   run to a multiple of BLOCK_M, so every block of BLOCK_M sorted rows belongs to one expert;
+   it returns the padded sorted ids (padding holds T * k, an id no assignment has), the expert
+   of each block, and the padded length, all on the device.
+2. One kernel multiplies each block's rows of x by its expert's gate and up rows at once (two
+   accumulators over the same A tile) and writes silu(gate) * up, one row per assignment.
+3. A second kernel multiplies those rows by the expert's down projection and by the
+   assignment's routing weight; the k rows of a token are then summed in fp32.
+
+Nothing reads a device value on the host: buffers and grids are sized for the worst case,
+T * k + E * (BLOCK_M - 1) sorted rows, from host ints alone (T, k, E and the tile), and blocks
+past the padded length return at once. The decode step's CUDA graph therefore captures it as
+it is, and the same graph serves any routing.
+
+Expert parallelism's seam: the weights may hold only the experts ``expert_offset`` ..
+``expert_offset + E_local - 1``; assignments to other experts are left out of the sort and
+add nothing, so ranks holding disjoint ranges sum their outputs (docs/moe.md).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from bullet_trt.kernels.reference import moe_route
+
+__all__ = ["moe_route", "fused_moe", "moe_align_block_size", "moe_config", "compile_moe_variants"]
+
+# Tile configurations keyed by (fp32 inputs, large). "large" is for batches whose experts see
+# LARGE_ROWS_PER_EXPERT rows each on average (prefill); the small tiles are for decode, where
+# an expert sees a few rows and the kernel's time is reading its weights. Module-level so that
+# `bullet-trt bench moe --sweep` can sweep them. fp32 exists for tests, not speed. On an H100
+# with Qwen3-30B-A3B's layer (docs/moe.md): the small tiles read the routed experts at 89-90%
+# of the copy bandwidth from 32 to 64 decode rows, as fast as the best of 24 tilings swept at
+# 64; the large ones reach 302 TFLOP/s of routed GEMMs at 8192 prefill tokens, and at 4096
+# are within 9% of the best of 16 tilings (128x128, 8 warps, which was slower at 8192).
+MOE_CONFIGS = {
+    (False, False): dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4),
+    (False, True): dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
+    (True, False): dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2),
+    (True, True): dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=2),
+}
+LARGE_ROWS_PER_EXPERT = 32
+# Forces the small (False) or large (True) tiles for every call when set (tests, warm-up).
+MOE_LARGE_OVERRIDE: bool | None = None
+
+# The Triton interpreter (TRITON_INTERPRET=1, CPU) computes bf16 tl.dot wrongly; there the
+# kernels feed fp32 copies of the operands to tl.dot instead (as triton_ops does).
+_UPCAST_DOT = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def moe_config(dtype: torch.dtype, num_assignments: int, num_local_experts: int) -> dict:
+    """The tile configuration for T * k = ``num_assignments`` over ``num_local_experts``."""
+    large = MOE_LARGE_OVERRIDE
+    if large is None:
+        large = num_assignments >= LARGE_ROWS_PER_EXPERT * num_local_experts
+    return dict(MOE_CONFIGS[(dtype == torch.float32, bool(large))])
+
+
+# Assignments one program of the alignment kernels handles per step.
+ALIGN_CHUNK = 1024
+
+
+@triton.jit(do_not_specialize=["n"])
+def _moe_count_kernel(IDS, CURSOR, END, NUM_PADDED, n, expert_offset, E: tl.constexpr,
+                      E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+    """One program: each local expert's assignments, padded to BLOCK_M; CURSOR gets where
+    each expert's run starts, END where it ends, NUM_PADDED the padded length."""
+    counts = tl.zeros([E_PAD], tl.int32)
+    for c0 in range(0, n, CHUNK):
+        offs = c0 + tl.arange(0, CHUNK)
+        ex = tl.load(IDS + offs, mask=offs < n, other=-1) - expert_offset
+        # other ranks' experts and the tail beyond n land in the spare last bin
+        counts += tl.histogram(tl.where((ex >= 0) & (ex < E) & (offs < n), ex, E_PAD - 1), E_PAD)
+    e = tl.arange(0, E_PAD)
+    padded = tl.where(e < E, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
+    end = tl.cumsum(padded, 0)
+    tl.store(CURSOR + e, end - padded, mask=e < E)
+    tl.store(END + e, end, mask=e < E)
+    tl.store(NUM_PADDED, tl.sum(padded, 0))
+
+
+@triton.jit(do_not_specialize=["n", "length"])
+def _moe_blocks_kernel(SORTED, BLOCK_EXPERT, END, n, length, E: tl.constexpr, E_PAD: tl.constexpr,
+                       BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+    """Fills a chunk of the sorted ids with the padding id n, and gives each of its blocks
+    its expert: how many experts' runs end at or before the block's start (E past the end)."""
+    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    tl.store(SORTED + offs, tl.zeros([CHUNK], tl.int32) + n, mask=offs < length)
+    blocks = tl.program_id(0) * (CHUNK // BLOCK_M) + tl.arange(0, CHUNK // BLOCK_M)
+    e = tl.arange(0, E_PAD)
+    end = tl.load(END + e, mask=e < E, other=2147483647)
+    expert = tl.sum((end[None, :] <= (blocks * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+    tl.store(BLOCK_EXPERT + blocks, expert, mask=blocks * BLOCK_M < length)
+
+
+@triton.jit(do_not_specialize=["n"])
+def _moe_scatter_kernel(IDS, SORTED, CURSOR, n, expert_offset, E: tl.constexpr, CHUNK: tl.constexpr):
+    """Each local assignment takes the next free row of its expert's run. Rows within a run
+    come in no fixed order, which changes nothing: every row is computed on its own."""
+    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    ex = tl.load(IDS + offs, mask=offs < n, other=-1) - expert_offset
+    local = (ex >= 0) & (ex < E) & (offs < n)
+    dest = tl.atomic_add(CURSOR + tl.where(local, ex, 0), 1, mask=local)
+    tl.store(SORTED + dest, offs, mask=local)
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_local_experts: int,
+                         expert_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted assignment ids int32 (L,), expert of each BLOCK_M block int32 (L / block_m,),
+    padded length int32 (1,)) for the assignments ``topk_ids`` (T, k), with
+    L = round_up(T * k + E_local * (block_m - 1), block_m), the most any routing can need.
+
+    Assignment id i is token i // k's slot i % k. Each local expert's ids lie in one run of
+    whole blocks, padded with T * k; blocks past the padded length have expert E_local.
+    Assignments outside this rank's experts are left out. Three kernels (count and pad, fill
+    and label the blocks, scatter), sized from host ints alone: torch ops for the same work
+    were some thirty launches, which bound eager (prefill) steps by the host's launch rate."""
+    device = topk_ids.device
+    ids = topk_ids.reshape(-1)
+    if ids.dtype != torch.int32 or not ids.is_contiguous():
+        ids = ids.to(torch.int32).contiguous()
+    n, e_local = ids.numel(), num_local_experts
+    length = triton.cdiv(n + e_local * (block_m - 1), block_m) * block_m
+    chunk = max(ALIGN_CHUNK, block_m)
+    e_pad = triton.next_power_of_2(e_local + 1)  # a spare bin for other ranks' experts
+    # one allocation: sorted ids, block experts, cursors, run ends, the padded length
+    work = torch.empty(length + length // block_m + 2 * e_local + 1, dtype=torch.int32, device=device)
+    sorted_ids, block_expert, cursor, end, num_padded = work.split(
+        [length, length // block_m, e_local, e_local, 1])
+    _moe_count_kernel[(1,)](ids, cursor, end, num_padded, n, expert_offset, E=e_local, E_PAD=e_pad,
+                            BLOCK_M=block_m, CHUNK=chunk, num_warps=4)
+    _moe_blocks_kernel[(triton.cdiv(length, chunk),)](sorted_ids, block_expert, end, n, length, E=e_local,
+                                                       E_PAD=e_pad, BLOCK_M=block_m, CHUNK=chunk, num_warps=4)
+    _moe_scatter_kernel[(triton.cdiv(n, chunk),)](ids, sorted_ids, cursor, n, expert_offset, E=e_local,
+                                                  CHUNK=chunk, num_warps=4)
+    return sorted_ids, block_expert, num_padded
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    if UPCAST:
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        c = tl.dot(a, b, input_precision=PREC)
+    return c
+
+
+# num_valid and num_rows change with the batch: kept out of Triton's specialization so that a
+# new batch size compiles nothing (see triton_ops on specialization).
+@triton.jit(do_not_specialize=["num_valid", "num_rows"])
+def _moe_gemm_kernel(A, B, C, W, SORTED, BLOCK_EXPERT, NUM_PADDED,
+                     N, K, num_valid, num_rows, stride_am, stride_be, stride_bn, stride_cm,
+                     A_ROWS_PER_ID: tl.constexpr, GATE_UP: tl.constexpr, WEIGHTED: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """C[id] = A[id // A_ROWS_PER_ID] @ B[expert]^T for the sorted ids of one block: with
+    GATE_UP, B's rows n and N + n are gate and up and C gets silu(gate) * up; with WEIGHTED,
+    C is scaled by W[id]. Last dims are contiguous."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(num_rows, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # groups of GROUP_M row blocks walk the column blocks together, so a weight tile read by
+    # one block of an expert is still in L2 for the expert's next block
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
+    if pid_m * BLOCK_M >= tl.load(NUM_PADDED):
+        return
+
+    offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ids = tl.load(SORTED + offs)
+    valid = ids < num_valid
+    expert = tl.load(BLOCK_EXPERT + pid_m).to(tl.int64)
+    rows = (ids // A_ROWS_PER_ID).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    k = tl.arange(0, BLOCK_K)
+    a_ptrs = A + rows[:, None] * stride_am + k[None, :]
+    b_ptrs = B + expert * stride_be + cols.to(tl.int64)[None, :] * stride_bn + k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kmask = k < K - k0
+        a = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
+        b_mask = kmask[:, None] & cmask[None, :]
+        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        acc += _dot(a, b, DOT_PREC, UPCAST)
+        if GATE_UP:
+            b_up = tl.load(b_ptrs + N * stride_bn, mask=b_mask, other=0.0)
+            acc_up += _dot(a, b_up, DOT_PREC, UPCAST)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if GATE_UP:
+        acc = acc * tl.sigmoid(acc) * acc_up
+    if WEIGHTED:
+        acc = acc * tl.load(W + ids, mask=valid, other=0.0).to(tl.float32)[:, None]
+    tl.store(C + ids.to(tl.int64)[:, None] * stride_cm + cols[None, :], acc.to(C.dtype.element_ty),
+             mask=valid[:, None] & cmask[None, :])
+
+
+def _gemm(a, b, c, weights, sorted_ids, block_expert, num_padded, num_valid, a_rows_per_id,
+          gate_up, cfg, prec):
+    cfg = dict(cfg)
+    bm, bn, bk, gm = (cfg.pop(key) for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
+    n = b.shape[1] // 2 if gate_up else b.shape[1]
+    num_rows = sorted_ids.shape[0]
+    grid = (triton.cdiv(num_rows, bm) * triton.cdiv(n, bn),)
+    _moe_gemm_kernel[grid](
+        a, b, c, weights, sorted_ids, block_expert, num_padded, n, b.shape[2], num_valid, num_rows,
+        a.stride(0), b.stride(0), b.stride(1), c.stride(0), A_ROWS_PER_ID=a_rows_per_id,
+        GATE_UP=gate_up, WEIGHTED=weights is not None and not gate_up, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=bk, GROUP_M=gm, DOT_PREC=prec, UPCAST=_UPCAST_DOT, **cfg)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              expert_offset: int = 0) -> torch.Tensor:
+    """Sum over each token's k experts of weight * down(silu(gate(x)) * up(x)); shapes and
+    the expert range as in ``reference.fused_moe``."""
+    T, H = x.shape
+    e_local, two_inter, h_in = w_gate_up.shape
+    inter = two_inter // 2
+    k = topk_ids.shape[1]
+    if (h_in != H or two_inter % 2 or w_down.shape != (e_local, H, inter)
+            or topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != T):
+        raise ValueError(f"fused_moe: x {tuple(x.shape)} w_gate_up {tuple(w_gate_up.shape)} "
+                         f"w_down {tuple(w_down.shape)} topk {tuple(topk_ids.shape)} do not fit")
+    if T == 0 or e_local == 0:
+        return torch.zeros_like(x)
+    x, w_gate_up, w_down = _contiguous(x), _contiguous(w_gate_up), _contiguous(w_down)
+    weights = _contiguous(topk_weights).reshape(-1)
+    cfg = moe_config(x.dtype, T * k, e_local)
+    sorted_ids, block_expert, num_padded = moe_align_block_size(topk_ids, cfg["BLOCK_M"], e_local,
+                                                                expert_offset)
+    prec = "ieee" if x.dtype == torch.float32 else "tf32"
+    act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
+    # zeros: rows of assignments to other ranks' experts are never written
+    y = torch.zeros(T * k, H, dtype=x.dtype, device=x.device)
+    _gemm(x, w_gate_up, act, None, sorted_ids, block_expert, num_padded, T * k, k, True, cfg, prec)
+    _gemm(act, w_down, y, weights, sorted_ids, block_expert, num_padded, T * k, 1, False, cfg, prec)
+    return y.view(T, k, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
+
+
+def compile_moe_variants(hidden: int, inter: int, top_k: int, dtype: torch.dtype,
+                         device: torch.device | str) -> None:
+    """Compiles both tile forms of the kernels for this layer shape: which one a step takes
+    depends on its token count, and without this the first large prefill would stall for a
+    compile (most of a second) mid-serving. A compiled form depends on the shapes, top_k and
+    dtype but not on the expert count, so one scratch expert stands in for all of them."""
+    global MOE_LARGE_OVERRIDE
+    device = torch.device(device)
+    x = torch.zeros(2, hidden, dtype=dtype, device=device)
+    w_gate_up = torch.zeros(1, 2 * inter, hidden, dtype=dtype, device=device)
+    w_down = torch.zeros(1, hidden, inter, dtype=dtype, device=device)
+    ids = torch.zeros(2, top_k, dtype=torch.int32, device=device)
+    weights = torch.ones(2, top_k, dtype=dtype, device=device)
+    saved = MOE_LARGE_OVERRIDE
+    try:
+        for large in (False, True):
+            MOE_LARGE_OVERRIDE = large
+            fused_moe(x, w_gate_up, w_down, weights, ids)
+    finally:
+        MOE_LARGE_OVERRIDE = saved

@@ -1,0 +1,152 @@
+"""The Triton fused MoE (bullet_trt.kernels.triton_moe) against the torch reference.
+
+On a GPU with Qwen3-30B-A3B's layer shape (hidden 2048, 128 experts of 768, top 8) in fp32 and
+bf16, for decode-sized and prefill-sized batches, both tile forms, a rank that holds only a
+range of the experts, and inside a captured CUDA graph replayed on new routing; without CUDA
+they are skipped, unless TRITON_INTERPRET=1 is set (and Triton installed), in which case they
+run in the Triton interpreter on CPU with small shapes. The reference runs in fp32 on upcast
+inputs. Error is relative: ||out - ref|| / ||ref||. Speed: `bullet-trt bench moe`.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+RUNS_IN_TRITON_INTERPRETER = True  # tests/gpu/conftest.py runs this module on CPU then
+if not (CUDA or INTERPRET):
+    pytest.skip("Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1)", allow_module_level=True)
+pytest.importorskip("triton")
+
+from bullet_trt.kernels import reference as ref  # noqa: E402
+from bullet_trt.kernels import triton_moe as tmoe  # noqa: E402
+from tests.gpu.numerics import rel_err  # noqa: E402
+
+DEV = torch.device("cuda" if CUDA else "cpu")
+FP32, BF16 = torch.float32, torch.bfloat16
+# The interpreter truncates fp32 to bf16 where the GPU rounds: twice the error of one rounding.
+TOL = {FP32: 1e-4, BF16: 1e-2 if CUDA else 2e-2}
+# (hidden, inter, experts, top k)
+LAYER = (2048, 768, 128, 8) if CUDA else (64, 32, 16, 4)
+DECODE_TOKENS = (1, 7, 64, 256) if CUDA else (1, 5)
+PREFILL_TOKENS = (1000, 4096) if CUDA else (40,)
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    torch.manual_seed(0)
+    yield
+    tmoe.MOE_LARGE_OVERRIDE = None
+
+
+def layer(dtype, hidden, inter, experts):
+    w_gate_up = (torch.randn(experts, 2 * inter, hidden, device=DEV) * hidden ** -0.5).to(dtype)
+    w_down = (torch.randn(experts, hidden, inter, device=DEV) * inter ** -0.5).to(dtype)
+    router = (torch.randn(experts, hidden, device=DEV) * 2 * hidden ** -0.5).to(dtype)
+    return w_gate_up, w_down, router
+
+
+def routed(tokens, hidden, router, top_k, renormalize=True):
+    x = torch.randn(tokens, hidden, device=DEV).to(router.dtype)
+    weights, ids = ref.moe_route(x @ router.t(), top_k, renormalize)
+    return x, weights, ids
+
+
+def want(x, w_gate_up, w_down, weights, ids, offset=0):
+    return ref.fused_moe(x.float(), w_gate_up.float(), w_down.float(), weights.float(), ids, offset)
+
+
+def check(got, expected, dtype):
+    err = rel_err(got, expected)
+    assert err <= TOL[dtype], f"rel_err {err:.3e} > {TOL[dtype]:.0e}"
+
+
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+@pytest.mark.parametrize("tokens", DECODE_TOKENS + PREFILL_TOKENS)
+def test_fused_moe_matches_reference(dtype, tokens):
+    hidden, inter, experts, top_k = LAYER
+    w_gate_up, w_down, router = layer(dtype, hidden, inter, experts)
+    x, weights, ids = routed(tokens, hidden, router, top_k, renormalize=tokens % 2 == 0)
+    check(tmoe.fused_moe(x, w_gate_up, w_down, weights, ids), want(x, w_gate_up, w_down, weights, ids), dtype)
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_both_tile_forms_match_reference(large):
+    """Whichever form the token count picks, the other one computes the same."""
+    hidden, inter, experts, top_k = LAYER
+    w_gate_up, w_down, router = layer(BF16, hidden, inter, experts)
+    x, weights, ids = routed(DECODE_TOKENS[-1], hidden, router, top_k)
+    tmoe.MOE_LARGE_OVERRIDE = large
+    check(tmoe.fused_moe(x, w_gate_up, w_down, weights, ids), want(x, w_gate_up, w_down, weights, ids), BF16)
+
+
+def test_a_rank_holding_an_expert_range_computes_its_share():
+    """Expert parallelism's seam: ranks holding disjoint expert ranges sum to the whole."""
+    hidden, inter, experts, top_k = LAYER
+    w_gate_up, w_down, router = layer(FP32, hidden, inter, experts)
+    x, weights, ids = routed(DECODE_TOKENS[-1], hidden, router, top_k)
+    cuts = [0, experts // 3, experts // 2 + 1, experts]
+    parts = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        got = tmoe.fused_moe(x, w_gate_up[lo:hi], w_down[lo:hi], weights, ids, expert_offset=lo)
+        check(got, want(x, w_gate_up[lo:hi], w_down[lo:hi], weights, ids, lo), FP32)
+        parts.append(got)
+    check(sum(parts), want(x, w_gate_up, w_down, weights, ids), FP32)
+
+
+def test_align_block_size_groups_each_expert_in_whole_blocks():
+    _, _, experts, top_k = LAYER
+    tokens, block_m, offset, local = 37, 16, 3, experts // 2
+    ids = torch.stack([torch.randperm(experts, device=DEV)[:top_k] for _ in range(tokens)]).to(torch.int32)
+    sorted_ids, block_expert, num_padded = tmoe.moe_align_block_size(ids, block_m, local, offset)
+    n = tokens * top_k
+    assert sorted_ids.numel() >= n + local * (block_m - 1) and sorted_ids.numel() % block_m == 0
+    assert block_expert.numel() == sorted_ids.numel() // block_m
+    flat = ids.reshape(-1).long().cpu() - offset
+    mine = ((flat >= 0) & (flat < local)).nonzero().flatten()
+    used = int(num_padded.item())
+    body = sorted_ids[:used].long().cpu()
+    assert sorted(body[body < n].tolist()) == mine.tolist()  # each local assignment once
+    assert bool((sorted_ids[used:] == n).all())  # nothing past the padded length
+    blocks = body.view(-1, block_m)
+    experts_of_blocks = block_expert[:used // block_m].long().cpu()
+    for row, e in zip(blocks, experts_of_blocks):
+        real = row[row < n]
+        assert real.numel() > 0 and bool((flat[real] == e).all())  # one expert per block
+    assert experts_of_blocks.tolist() == sorted(experts_of_blocks.tolist())
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("tokens", [1, 64])
+def test_fused_moe_inside_a_cuda_graph_follows_new_routing(tokens):
+    """Captured once (no host sync is allowed during capture), replayed on inputs routed to
+    other experts: the sorted buffers sized for the worst case fit any routing."""
+    hidden, inter, experts, top_k = LAYER
+    w_gate_up, w_down, router = layer(BF16, hidden, inter, experts)
+    x = torch.zeros(tokens, hidden, dtype=BF16, device=DEV)
+
+    def step():
+        weights, ids = tmoe.moe_route(x @ router.t(), top_k, True)
+        return tmoe.fused_moe(x, w_gate_up, w_down, weights, ids)
+
+    x.copy_(torch.randn_like(x))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = step()
+    seen = set()
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        weights, ids = ref.moe_route(x @ router.t(), top_k, True)
+        seen.add(tuple(ids.flatten().tolist()))
+        check(out, want(x, w_gate_up, w_down, weights, ids), BF16)
+    assert len(seen) == 3  # every replay routed differently
