@@ -106,3 +106,26 @@ def test_a_large_decode_batch_pays_for_its_gemms_and_its_attention():
     assert gemm_ms > COST.weight_bytes / TRUE.bandwidth(132)  # the GEMMs are compute-bound
     assert m.decode_ms(rows, rows * ctx, 132) == pytest.approx(
         gemm_ms + attention_ms + TRUE.decode_overhead_ms, rel=1e-6)
+
+
+def test_moe_cost_counts_the_experts_a_step_reaches():
+    """Qwen3-30B-A3B: 30.5B parameters, 3.3B of them active per token (its model card); a
+    decode step reads the experts its rows reach, so its weight stream grows with the batch
+    where a dense model's does not."""
+    from bullet_trt.model.arch import ModelArch
+    from bullet_trt.model.presets import PRESETS
+
+    arch = ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"])
+    cost = ModelCost.from_arch(arch, 2)
+    embedding = arch.vocab_size * arch.hidden_size  # a gather: neither read whole nor multiplied
+    assert cost.step_weight_bytes(1e6) / 2 + embedding == pytest.approx(30.5e9, rel=0.01)
+    assert cost.flops_per_token / 2 + embedding == pytest.approx(3.3e9, rel=0.03)
+    assert cost.experts_hit(1) == pytest.approx(8)
+    assert cost.step_weight_bytes(1) == pytest.approx(cost.weight_bytes + 8 * cost.expert_bytes)
+    assert 8 < cost.experts_hit(8) < cost.experts_hit(64) < 128
+    # short contexts, so that the weights dominate the step
+    m = PerfModel(cost, TRUE)
+    assert m.decode_ms(64, 64 * 16, 132) > 4 * m.decode_ms(1, 16, 132)
+    dense = PerfModel(COST, TRUE)
+    assert dense.decode_ms(64, 64 * 16, 132) < 1.05 * dense.decode_ms(1, 16, 132)
+    assert COST.step_weight_bytes(64) == COST.weight_bytes

@@ -11,7 +11,9 @@ new tokens) one after the other, so each part has its own bound and the step tak
     bandwidth(s) = bw_max * s * (total + k) / (total * (s + k))   (saturates: k = bw_knee_sms)
 
 so bandwidth(total) = bw_max and half of it needs far fewer than half of the SMs (docs/gpu-facts.md,
-fact 5: 64 of 132 SMs already reach ~90% of the copy bandwidth). A single max over the
+fact 5: 64 of 132 SMs already reach ~90% of the copy bandwidth). A mixture-of-experts model's
+B_weights grows with the step's tokens, as they reach more of the experts
+(``ModelCost.step_weight_bytes``). A single max over the
 whole step's work (the first version of this model) is right while both parts are bound by
 the same resource, but a large decode batch has compute-bound GEMMs beside memory-bound
 attention, and their times add: a step of 1024 rows of 512-token contexts on an H200 took
@@ -43,22 +45,51 @@ PERF_MODEL_FILE = "perf_model.yaml"
 
 @dataclass
 class ModelCost:
-    """Per-token and per-step work of one forward pass, from the architecture."""
+    """Per-token and per-step work of one forward pass, from the architecture.
 
-    weight_bytes: float  # read once per step
+    A mixture-of-experts model reads only the experts its tokens were routed to: a step reads
+    the weights outside the experts, plus ``expert_bytes`` for each expert hit per MoE layer
+    (``step_weight_bytes``), and a token's FLOPs count only its own ``experts_per_token``."""
+
+    weight_bytes: float  # read once per step (of an MoE model: all but the experts)
     flops_per_token: float  # dense layers: 2 * parameters touched per token
     kv_bytes_per_token: float  # K and V of one cached token, all layers
     attn_flops_per_pair: float  # QK^T and PV for one (query, key) pair, all layers
+    expert_bytes: float = 0.0  # one expert of every MoE layer together
+    num_experts: int = 0  # per MoE layer
+    experts_per_token: int = 0
 
     @staticmethod
     def from_arch(arch, dtype_bytes: int) -> "ModelCost":
-        h, inter, layers = arch.hidden_size, arch.intermediate_size, arch.num_layers
+        h, layers = arch.hidden_size, arch.num_layers
         q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
-        params = layers * per_layer + arch.vocab_size * h  # lm_head; embedding is a gather
-        return ModelCost(weight_bytes=params * dtype_bytes, flops_per_token=2.0 * params,
+        moe = len(arch.moe_layers)
+        attention = h * (q + 2 * kv) + q * h
+        dense_mlp = 3 * h * arch.intermediate_size
+        expert = 3 * h * arch.moe_intermediate_size
+        router = h * arch.num_experts
+        lm_head = arch.vocab_size * h  # the embedding is a gather
+        read = layers * attention + (layers - moe) * dense_mlp + moe * router + lm_head
+        touched = read + moe * arch.num_experts_per_tok * expert
+        return ModelCost(weight_bytes=read * dtype_bytes, flops_per_token=2.0 * touched,
                          kv_bytes_per_token=2.0 * layers * kv * dtype_bytes,
-                         attn_flops_per_pair=4.0 * layers * q)
+                         attn_flops_per_pair=4.0 * layers * q,
+                         expert_bytes=moe * expert * dtype_bytes,
+                         num_experts=arch.num_experts if moe else 0,
+                         experts_per_token=arch.num_experts_per_tok if moe else 0)
+
+    def experts_hit(self, tokens: float) -> float:
+        """Experts of one MoE layer that `tokens` tokens are expected to reach, if each token's
+        experts were drawn uniformly: E * (1 - (1 - k/E)^tokens). Real routers favour some
+        experts, so this is an upper bound that the calibration's fit absorbs."""
+        if not self.num_experts:
+            return 0.0
+        return self.num_experts * (1.0 - (1.0 - self.experts_per_token / self.num_experts) ** tokens)
+
+    def step_weight_bytes(self, tokens: float) -> float:
+        """Weights a step over `tokens` new tokens reads: all of a dense model's; an MoE
+        model's outside the experts plus the experts hit."""
+        return self.weight_bytes + self.expert_bytes * self.experts_hit(tokens)
 
 
 @dataclass
@@ -123,7 +154,7 @@ class PerfModel:
         pairs that reads or writes `kv_tokens` tokens of K/V, overhead excluded."""
         c, k = self.cost, self.coeffs
         compute, bandwidth = k.compute(sms), k.bandwidth(sms)
-        dense = max(c.flops_per_token * dense_tokens / compute, c.weight_bytes / bandwidth)
+        dense = max(c.flops_per_token * dense_tokens / compute, c.step_weight_bytes(dense_tokens) / bandwidth)
         attention = max(c.attn_flops_per_pair * attn_pairs / compute, c.kv_bytes_per_token * kv_tokens / bandwidth)
         return dense + attention
 
@@ -145,7 +176,7 @@ class PerfModel:
         either way). Past that point a prefill on a partition beside it takes SMs from a
         phase that needs them, while a prefill inside the step shares its weight stream."""
         c, k = self.cost, self.coeffs
-        return c.flops_per_token * batch / k.compute(sms) >= c.weight_bytes / k.bandwidth(sms)
+        return c.flops_per_token * batch / k.compute(sms) >= c.step_weight_bytes(batch) / k.bandwidth(sms)
 
     # -- corrected predictions ---------------------------------------------------------------
     def prefill_ms(self, shape: PrefillShape, sms: int) -> float:
@@ -232,6 +263,7 @@ def fit(cost: ModelCost, total_sms: int, points: list[ProfilePoint], steps: int 
     kv_tokens = column(p.num_tokens if pre else p.total_ctx for p, pre in zip(points, prefill))
     measured = column(p.measured_ms for p in points)
     dense_flops = cost.flops_per_token * tokens
+    weight_bytes = column(cost.step_weight_bytes(t) for t in tokens.tolist())
     attn_flops = cost.attn_flops_per_pair * pairs
     kv_bytes = cost.kv_bytes_per_token * kv_tokens
     t = float(total_sms)
@@ -244,7 +276,7 @@ def fit(cost: ModelCost, total_sms: int, points: list[ProfilePoint], steps: int 
         def smooth_max(a, b):  # scaled by the measured time so `sharp` means the same everywhere
             return torch.logsumexp(torch.stack([a, b]) * sharp / measured, dim=0) * measured / sharp
 
-        return (smooth_max(dense_flops / compute, cost.weight_bytes / bandwidth)
+        return (smooth_max(dense_flops / compute, weight_bytes / bandwidth)
                 + smooth_max(attn_flops / compute, kv_bytes / bandwidth) + torch.where(phase, o_pre, o_dec))
 
     opt = torch.optim.Adam([logs], lr=0.05)

@@ -81,7 +81,7 @@ def run(setup, batch: int = 64, ctx: int = 1024, prefill_tokens: int = 4096) -> 
         bw, rate = copy_gbs(stream), gemm_tflops(stream)
         decode_ms = time_ms(lambda: session.run(decode_items), stream, repeats=10)
         prefill_ms = time_ms(lambda: session.run(prefill_items), stream, repeats=3)
-        decode_bytes = cost.weight_bytes + cost.kv_bytes_per_token * batch * ctx
+        decode_bytes = cost.step_weight_bytes(batch) + cost.kv_bytes_per_token * batch * ctx
         prefill_flops = prefill_work_flops(cost, state.arch, shape, num_prompts=1)
         rows.append({
             "sms": sms, "copy_GBps": round(bw, 1), "gemm_TFLOPs": round(rate, 1),
