@@ -7,8 +7,10 @@
 #       Test paths among the arguments replace `tests`: `tests tests/gpu/test_gpu.py -x`.
 #   bash scripts/gpu_run.sh bench KIND [ARGS...]
 #       bullet-trt bench KIND ARGS. Without --engine-dir, `kernels`, `decode-profile` and
-#       `serve --start-server` get a dummy-weight Llama-3.1-8B engine ($ENGINE, built here);
-#       `kernels` and `decode-profile` write --json $OUT/bench_KIND.json unless given one.
+#       `serve --start-server` get a dummy-weight Llama-3.1-8B engine ($ENGINE, built here),
+#       `moe` a dummy-weight Qwen3-30B-A3B one ($MOE_ENGINE; 61 GB of weights, so an H200
+#       leaves room for more KV than an H100); `kernels`, `decode-profile` and `moe` write
+#       --json $OUT/bench_KIND.json unless given one.
 #   bash scripts/gpu_run.sh serve-compare [bench serve ARGS...]
 #       the serving comparison: tritonserver started once per mode ($MODES, default
 #       chunked,bullet,static) on the dummy Llama-3.1-8B, an open-loop Poisson sweep over gRPC
@@ -42,6 +44,7 @@
 #      GPU_RUN_DIR   where the carried wheels go (default: a new directory under ${TMPDIR:-/tmp},
 #                    removed on exit; a given one is kept and reused)
 #      ENGINE        the dummy-weight engine for bench / serve-compare (default $GPU_RUN_DIR/engines/llama-3.1-8b)
+#      MOE_ENGINE    the dummy-weight MoE engine for bench moe (default $GPU_RUN_DIR/engines/qwen3-30b-a3b)
 #      NO_MPS=1      do not start the MPS daemon
 set -u -o pipefail
 
@@ -68,6 +71,7 @@ else
   own_work=1
 fi
 ENGINE=${ENGINE:-$work/engines/llama-3.1-8b}
+MOE_ENGINE=${MOE_ENGINE:-$work/engines/qwen3-30b-a3b}
 mps_started=
 
 cleanup() {
@@ -154,10 +158,11 @@ if [ "${NO_MPS:-0}" != 1 ]; then
   fi
 fi
 
-ensure_engine() {
-  [ -f "$ENGINE/engine.yaml" ] && return 0
-  say "building the dummy-weight Llama-3.1-8B engine in $ENGINE"
-  "$PY" build_engines.py --dummy-weights --arch llama-3.1-8b --out "$ENGINE" --max-model-len 4096 >/dev/null \
+ensure_engine() {  # ensure_engine [DIR ARCH]: a dummy-weight engine (default: $ENGINE, Llama-3.1-8B)
+  local dir=${1:-$ENGINE} arch=${2:-llama-3.1-8b}
+  [ -f "$dir/engine.yaml" ] && return 0
+  say "building the dummy-weight $arch engine in $dir"
+  "$PY" build_engines.py --dummy-weights --arch "$arch" --out "$dir" --max-model-len 4096 >/dev/null \
     || die "build_engines.py failed"
 }
 
@@ -222,8 +227,12 @@ case "$cmd" in
       ensure_engine
       args+=(--engine-dir "$ENGINE")
     fi
+    if [ "$kind" = moe ] && ! has_arg --engine-dir "${args[@]}"; then
+      ensure_engine "$MOE_ENGINE" qwen3-30b-a3b
+      args+=(--engine-dir "$MOE_ENGINE")
+    fi
     case "$kind" in
-      kernels|decode-profile) has_arg --json "${args[@]}" || args+=(--json "$out/bench_$kind.json") ;;
+      kernels|decode-profile|moe) has_arg --json "${args[@]}" || args+=(--json "$out/bench_$kind.json") ;;
     esac
     "$PY" -m bullet_trt.tools.cli bench "$kind" "${args[@]}" 2>&1 | tee "$out/bench_$kind.log"
     exit $?

@@ -1,4 +1,5 @@
-"""`bullet-trt bench <kind>`: kernels (GPU ceilings and the engine against them), serve (load
+"""`bullet-trt bench <kind>`: kernels (GPU ceilings and the engine against them), moe (the fused
+mixture-of-experts kernels and an MoE engine against them), serve (load
 generator against a running server), hf-peer (transformers' continuous batching on the same
 workload), decode-profile (where a decode step's time goes), overlap (how disjoint prefill and
 decode were, from an iteration log)."""
@@ -9,6 +10,7 @@ import sys
 
 KINDS = {
     "kernels": "bullet_trt.tools.bench.kernel_bench",
+    "moe": "bullet_trt.tools.bench.moe_bench",
     "serve": "bullet_trt.tools.bench.serve_bench",
     "hf-peer": "bullet_trt.tools.bench.hf_peer",
     "decode-profile": "bullet_trt.tools.bench.decode_profile",

@@ -26,7 +26,8 @@ from bullet_trt.spatial.calibrate import measurement_setup, profile_items, time_
 from bullet_trt.spatial.perf_model import ModelCost
 from bullet_trt.tools.bench.kernel_bench import copy_gbs
 
-KINDS = (("attention", ("_decode",)), ("gemm", ("gemm", "nvjet", "cutlass", "sm90", "gemv", "splitk")),
+KINDS = (("attention", ("_decode",)), ("moe experts", ("_moe_gemm",)),
+         ("gemm", ("gemm", "nvjet", "cutlass", "sm90", "gemv", "splitk")),
          ("norm", ("rms_norm",)), ("rope", ("_rope",)), ("kv write", ("_write_kv",)),
          ("silu", ("_silu",)), ("sampling/argmax", ("argmax", "reduce", "max")),
          ("copy/cast", ("copy", "elementwise", "cat", "fill")))
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     cost = ModelCost.from_arch(arch, state.kv_pool.element_size())
     bw = copy_gbs(stream)
     items = profile_items([args.ctx] * args.batch, True, state.block_size)
-    roofline_ms = (cost.weight_bytes + cost.kv_bytes_per_token * args.batch * args.ctx) / bw / 1e6
+    roofline_ms = (cost.step_weight_bytes(args.batch) + cost.kv_bytes_per_token * args.batch * args.ctx) / bw / 1e6
     report: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "ctx": args.ctx,
                     "copy_GBps": round(bw, 1), "roofline_ms": round(roofline_ms, 3),
                     "fused_groups": model.fused_groups, "layers": arch.num_layers}
