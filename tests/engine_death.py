@@ -9,7 +9,8 @@ killed while many streams are open and new requests keep arriving. What docs/ser
 
 tritonserver 2.51 used to die of a segmentation fault here (two threads counting one custom
 metric at once). `run()` starts the server (the nvidia-pytriton wheel's) on free ports with the
-embedded default engine, or `engine_dir`, in `mode`; tests/test_engine_death.py runs it on CPU.
+tiny random engine (engines/tiny-random), or `engine_dir`, in `mode`;
+tests/test_engine_death.py runs it on CPU.
 """
 from __future__ import annotations
 
@@ -206,9 +207,8 @@ def run(*, streams: int = 150, interval_ms: float = 10.0, arrive_before_s: float
     from bullet_trt.serving.triton import server as srv
 
     if engine_dir is None:
-        from bullet_trt.serving.triton.server import DEFAULT_ENGINE_DIR
-        from bullet_trt.tools.build import build_default_engine
-        engine_dir = build_default_engine(DEFAULT_ENGINE_DIR)
+        from bullet_trt.tools.build import TINY_RANDOM_ENGINE_DIR, build_tiny_random_engine
+        engine_dir = build_tiny_random_engine(TINY_RANDOM_ENGINE_DIR)
     if log_file is None:
         log_file = Path(tempfile.mkdtemp(prefix="engine-death-")) / "tritonserver.log"
     ports = [srv.free_port() for _ in range(3)]

@@ -81,8 +81,8 @@ def test_count_for_duration():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tests.triton_fixture import ensure_default_engine
-    return ds.load_tokenizer(ensure_default_engine())
+    from tests.triton_fixture import ensure_tiny_random_engine
+    return ds.load_tokenizer(ensure_tiny_random_engine())
 
 
 def test_prompts_tokenize_to_the_wanted_length(tokenizer):
@@ -466,9 +466,9 @@ def server(tmp_path_factory):
 
 def test_serve_bench_end_to_end(server, tmp_path, capsys):
     from bullet_trt.tools.bench import serve_bench
-    from tests.triton_fixture import ensure_default_engine
+    from tests.triton_fixture import ensure_tiny_random_engine
     out = tmp_path / "results"
-    rc = serve_bench.main(["--url", server.grpc_url, "--engine-dir", str(ensure_default_engine()),
+    rc = serve_bench.main(["--url", server.grpc_url, "--engine-dir", str(ensure_tiny_random_engine()),
                            "--dataset", "sharegpt", "--rates", "50", "--num-requests", "8", "--seed", "3",
                            "--max-output-tokens", "4", "--label", "chunked", "--warmup", "1",
                            "--out", str(out)])
@@ -497,10 +497,10 @@ def test_serve_bench_trace_replay_and_bounded_drain(server, tmp_path):
     """A trace replayed at its own timing; requests still running at the drain timeout are
     cancelled and recorded as errors, and the run still writes its results."""
     from bullet_trt.tools.bench import serve_bench
-    from tests.triton_fixture import ensure_default_engine
+    from tests.triton_fixture import ensure_tiny_random_engine
     trace = _write(tmp_path, "arrival_time_s,input_tokens,output_tokens\n0.0,20,3\n0.05,30,3\n0.1,40,900\n")
     out = tmp_path / "results"
-    rc = serve_bench.main(["--url", server.grpc_url, "--engine-dir", str(ensure_default_engine()),
+    rc = serve_bench.main(["--url", server.grpc_url, "--engine-dir", str(ensure_tiny_random_engine()),
                            "--dataset", f"trace:{trace}", "--label", "t", "--warmup", "0", "--no-progress",
                            "--drain-timeout-s", "0.5", "--no-plots", "--out", str(out)])
     assert rc == 0
@@ -522,9 +522,9 @@ def test_serve_bench_trace_replay_and_bounded_drain(server, tmp_path):
 
 def test_hf_peer_replays_the_workload_on_cpu(tmp_path):
     from bullet_trt.tools.bench import hf_peer
-    from tests.triton_fixture import ensure_default_engine
+    from tests.triton_fixture import ensure_tiny_random_engine
     out = tmp_path / "results"
-    rc = hf_peer.main(["--engine-dir", str(ensure_default_engine()), "--dataset", "sharegpt", "--rates", "50",
+    rc = hf_peer.main(["--engine-dir", str(ensure_tiny_random_engine()), "--dataset", "sharegpt", "--rates", "50",
                        "--num-requests", "6", "--max-output-tokens", "4", "--seed", "3", "--warmup", "1",
                        "--cb", "num_blocks=64", "--cb", "max_batch_tokens=1024", "--no-progress", "--no-plots",
                        "--out", str(out)])
@@ -565,8 +565,8 @@ def test_started_servers_plan_for_the_slos_the_run_is_scored_against():
     assert serve_bench.server_settings(args) == {"serve.ttft_slo_ms": "2000", "serve.tpot_slo_ms": "45"}
     # what the server reads: the configuration the overrides make
     from bullet_trt.config import load_engine_config
-    from bullet_trt.serving.triton.server import DEFAULT_ENGINE_DIR
-    cfg = load_engine_config(str(DEFAULT_ENGINE_DIR), serve_bench.server_settings(args))
+    from tests.triton_fixture import ensure_tiny_random_engine
+    cfg = load_engine_config(str(ensure_tiny_random_engine()), serve_bench.server_settings(args))
     assert (cfg.serve.ttft_slo_ms, cfg.serve.tpot_slo_ms) == (2000.0, 45.0)
 
 

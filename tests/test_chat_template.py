@@ -179,9 +179,9 @@ def test_from_file_and_from_engine(tmp_path, tokenizer_files):
         f"{BOS}[INST] Hi there — café? [/INST]"
     # The embedded default engine's checkpoint ships no template; a file of one's own gets its
     # special tokens all the same.
-    from tests.triton_fixture import ensure_default_engine
-    assert ChatTemplate.from_engine(ensure_default_engine()) is None
-    assert ChatTemplate.from_engine(ensure_default_engine(), file).render(CHAT[1:2]).startswith(
+    from tests.triton_fixture import ensure_tiny_random_engine
+    assert ChatTemplate.from_engine(ensure_tiny_random_engine()) is None
+    assert ChatTemplate.from_engine(ensure_tiny_random_engine(), file).render(CHAT[1:2]).startswith(
         BOS + "<|start_header_id|>user")
 
 

@@ -64,18 +64,18 @@ def test_prompts_fused_into_decode_steps_give_the_same_outputs(llama_engine, tmp
 
 
 @pytest.fixture(scope="module")
-def default_engine(tmp_path_factory):
-    from bullet_trt.tools.build import build_default_engine
-    return build_default_engine(tmp_path_factory.mktemp("default") / "engine")
+def tiny_engine(tmp_path_factory):
+    from bullet_trt.tools.build import build_tiny_random_engine
+    return build_tiny_random_engine(tmp_path_factory.mktemp("tiny") / "engine")
 
 
-def test_decode_keeps_stepping_while_prefill_runs(default_engine, tmp_path):
+def test_decode_keeps_stepping_while_prefill_runs(tiny_engine, tmp_path):
     """Requests arriving while others decode: the decode worker's iterations interleave with
     prefill iterations instead of waiting for them (decode steps end while a prefill batch is
     in flight)."""
     log = tmp_path / "it.jsonl"
-    with LLM(str(default_engine), **{"serve.mode": "bullet", "serve.iteration_log": str(log),
-                                     "serve.prefill_hold_fraction": 0}) as llm:
+    with LLM(str(tiny_engine), **{"serve.mode": "bullet", "serve.iteration_log": str(log),
+                                  "serve.prefill_hold_fraction": 0}) as llm:
         core = llm.engine
         from bullet_trt.engine.request import NewRequest
         long_params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)

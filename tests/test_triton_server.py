@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.triton_fixture import GrpcStreams, ensure_default_engine, pid_alive, start_server
+from tests.triton_fixture import GrpcStreams, ensure_tiny_random_engine, pid_alive, start_server
 
 MODEL = "bullet"
 
@@ -41,14 +41,14 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine_cfg():
     from bullet_trt.config import load_engine_config
-    return load_engine_config(ensure_default_engine())
+    return load_engine_config(ensure_tiny_random_engine())
 
 
 @pytest.fixture(scope="module")
 def llm():
     """The offline engine: the oracle for what the server must return."""
     from bullet_trt import LLM
-    engine = LLM(str(ensure_default_engine()))
+    engine = LLM(str(ensure_tiny_random_engine()))
     yield engine
     engine.close()
 
@@ -198,8 +198,8 @@ def test_model_parameters_and_engine_dir_resolution(tmp_path, monkeypatch):
     (root / "model_repository" / "bullet").mkdir(parents=True)
     monkeypatch.delenv("BULLET_ENGINE_DIR", raising=False)
     assert resolve_engine_dir("engines/x", root / "model_repository" / "bullet") == root / "engines" / "x"
-    monkeypatch.setenv("BULLET_ENGINE_DIR", str(ensure_default_engine()))
-    assert resolve_engine_dir("engines/x", root / "model_repository" / "bullet") == ensure_default_engine()
+    monkeypatch.setenv("BULLET_ENGINE_DIR", str(ensure_tiny_random_engine()))
+    assert resolve_engine_dir("engines/x", root / "model_repository" / "bullet") == ensure_tiny_random_engine()
     monkeypatch.setenv("BULLET_ENGINE_DIR", str(tmp_path / "nowhere"))
     with pytest.raises(FileNotFoundError, match="build_engines.py"):
         resolve_engine_dir("engines/x", None)

@@ -1,5 +1,5 @@
 """Starts the real tritonserver (from the nvidia-pytriton wheel) on free ports, serving
-model_repository/ with the embedded default engine, and helpers to talk to it."""
+model_repository/ with the tiny random engine, and helpers to talk to it."""
 from __future__ import annotations
 
 import json
@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300
 
 
-def ensure_default_engine() -> Path:
-    from bullet_trt.serving.triton.server import DEFAULT_ENGINE_DIR
-    from bullet_trt.tools.build import build_default_engine
-    return build_default_engine(DEFAULT_ENGINE_DIR)
+def ensure_tiny_random_engine() -> Path:
+    """engines/tiny-random: server tests need answers in milliseconds per token, not sense."""
+    from bullet_trt.tools.build import TINY_RANDOM_ENGINE_DIR, build_tiny_random_engine
+    return build_tiny_random_engine(TINY_RANDOM_ENGINE_DIR)
 
 
 @dataclass
@@ -126,7 +126,7 @@ def start_server(tmp_dir: Path, name: str = "server", overrides: dict | None = N
     """Launches tritonserver and waits until the model is ready (or fails with its log)."""
     from bullet_trt.serving.triton import server as srv
 
-    engine_dir = engine_dir or ensure_default_engine()
+    engine_dir = engine_dir or ensure_tiny_random_engine()
     ports = [srv.free_port() for _ in range(3)]
     while len(set(ports)) < 3:
         ports = [srv.free_port() for _ in range(3)]

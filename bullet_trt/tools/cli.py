@@ -3,7 +3,7 @@
     bullet-trt serve [--engine-dir DIR] [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
                      [--openai-port 9000 --api-key KEY --chat-template FILE | --no-openai]
                      [--set key=value ...] [-- extra tritonserver flags]
-    bullet-trt generate --engine-dir DIR --prompt "Hello" [--max-tokens 32 --temperature 0 ...]
+    bullet-trt generate [--engine-dir DIR] --prompt "Hello" [--max-tokens 32 --temperature 0 ...]
 """
 from __future__ import annotations
 
@@ -24,6 +24,15 @@ def parse_sets(items: list[str] | None) -> dict[str, str]:
         raise SystemExit(str(e))
 
 
+def default_engine(command: str) -> Path:
+    """engines/default, converted from the default model's GGUF file on first use."""
+    from bullet_trt.tools.build import build_default_engine
+    try:
+        return build_default_engine()
+    except FileNotFoundError as e:  # the package that ships the model is missing
+        raise SystemExit(f"bullet-trt {command}: {e}")
+
+
 # -- serve ------------------------------------------------------------------------------------
 
 def cmd_serve(args) -> int:
@@ -31,14 +40,7 @@ def cmd_serve(args) -> int:
     from bullet_trt.serving.triton import server
 
     overrides = parse_sets(args.set)
-    if args.engine_dir:
-        engine_dir = Path(args.engine_dir)
-    else:
-        engine_dir = server.DEFAULT_ENGINE_DIR
-        if not (engine_dir / "engine.yaml").is_file():
-            print(f"bullet-trt: building the embedded default engine in {engine_dir}", file=sys.stderr)
-            from bullet_trt.tools.build import build_default_engine
-            build_default_engine(engine_dir)
+    engine_dir = Path(args.engine_dir) if args.engine_dir else default_engine("serve")
     # Fail here, with a readable message, rather than inside the server's model load.
     try:
         load_engine_config(engine_dir, overrides)
@@ -132,7 +134,7 @@ def cmd_generate(args) -> int:
         validate_params(sampling)
     except ValueError as e:
         raise SystemExit(f"bullet-trt generate: {e}")
-    with LLM(args.engine_dir, **overrides) as llm:
+    with LLM(str(args.engine_dir or default_engine("generate")), **overrides) as llm:
         for prompt, out in zip(prompts, llm.generate(prompts, sampling)):
             if len(prompts) > 1:
                 print(f"--- {prompt!r} ({len(out.token_ids)} tokens, {out.finish_reason})")
@@ -145,11 +147,11 @@ def cmd_generate(args) -> int:
 # name -> (candidate modules, help). A module provides main(argv) -> int; the arguments after
 # the subcommand go to it unchanged. Modules are imported only when their command runs.
 EXTERNAL = {
-    "build": (("bullet_trt.tools.build",), "build an engine directory (the embedded model, a checkpoint, dummy weights; --profile calibrates)"),
+    "build": (("bullet_trt.tools.build",), "build an engine directory (the default model, a checkpoint, the tiny random model, dummy weights; --profile calibrates)"),
     "bench": (("bullet_trt.tools.bench.cli",), "load generator and benchmarks against a running server"),
     "doctor": (("bullet_trt.tools.doctor",), "check the machine: GPU, MPS, SM partitioning"),
     "plot": (("bullet_trt.tools.bench.plot", "bullet_trt.tools.bench.plot_iterations"), "plot benchmark / iteration logs"),
-    "demo": (("bullet_trt.tools.demo",), "serve an engine and answer a sample request (default: the embedded model)"),
+    "demo": (("bullet_trt.tools.demo",), "serve an engine and answer a sample chat question (default: the default model)"),
 }
 
 
@@ -181,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="start tritonserver with model_repository/bullet",
                        description="Start tritonserver (from the nvidia-pytriton wheel) serving model_repository/. "
                                    "Arguments after -- go to tritonserver unchanged.")
-    s.add_argument("--engine-dir", help="engine directory (default: engines/default, built if missing)")
+    s.add_argument("--engine-dir", help="engine directory (default: engines/default, the default model, "
+                                        "built on first use)")
     s.add_argument("--model-repository", default=None, help="model repository (default: the project's)")
     s.add_argument("--http-port", type=int, default=8000)
     s.add_argument("--grpc-port", type=int, default=8001)
@@ -201,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
 
     g = sub.add_parser("generate", help="generate offline from an engine directory (no server)")
-    g.add_argument("--engine-dir", default="engines/default")
+    g.add_argument("--engine-dir", help="engine directory (default: engines/default, the default model, "
+                                        "built on first use)")
     g.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
     g.add_argument("--prompt-file", help="one prompt per line")
     g.add_argument("--max-tokens", type=int, default=32)

@@ -1,35 +1,47 @@
-"""`bullet-trt demo`: serve an engine with the real tritonserver and answer a sample request.
+"""`bullet-trt demo`: serve an engine with the real tritonserver and answer a sample question.
 
-Starts tritonserver on the engine (the embedded default unless --engine-dir) and the
-OpenAI-compatible API next to it (port 9000 unless --no-openai), waits until the model is
-ready, streams one request over gRPC and prints each piece as it arrives, prints the curl
-commands for the same request over Triton's HTTP API and the OpenAI API, and keeps serving
-until Ctrl-C (or stops at once with --exit).
+Starts tritonserver on the engine (the default model, SmolLM2-135M-Instruct, unless
+--engine-dir) and the OpenAI-compatible API next to it (port 9000 unless --no-openai), waits
+until the model is ready, streams one chat question over gRPC, framed by the model's own chat
+template (a model without one gets the question as plain text), and prints each piece as it
+arrives; then prints the curl commands for the same request over Triton's HTTP API and the
+OpenAI API, and keeps serving until Ctrl-C (or stops at once with --exit).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import queue
+import shlex
 import signal
 import time
 from pathlib import Path
 
 import numpy as np
 
-PROMPT = "Prefill and decode can share one GPU when"
+QUESTION = "Why is the sky blue?"
 
 
 def ensure_engine(engine_dir: str | None) -> Path:
-    from bullet_trt.serving.triton import server
     if engine_dir:
         return Path(engine_dir)
-    path = server.DEFAULT_ENGINE_DIR
-    if not (path / "engine.yaml").is_file():
-        print(f"demo: building the embedded default engine in {path}", flush=True)
-        from bullet_trt.tools.build import build_default_engine
-        build_default_engine(path)
-    return path
+    from bullet_trt.tools.build import build_default_engine
+    try:
+        return build_default_engine()
+    except FileNotFoundError as e:  # the package that ships the default model is missing
+        raise SystemExit(f"demo: {e}")
+
+
+def chat_prompt(engine: Path, question: str, overrides: dict[str, str],
+                template_file: str | None = None) -> str | None:
+    """The question framed by the model's chat template (or `template_file`), as
+    /v1/chat/completions frames it, or None for a model without a template."""
+    from bullet_trt.serving.openai.served_model import ServedModel
+
+    model = ServedModel.load(engine, overrides=overrides, chat_template_file=template_file)
+    if model.chat_template is None:
+        return None
+    return model.chat_prompt([{"role": "user", "content": question}])
 
 
 def stream_request(grpc_url: str, prompt: str, max_tokens: int) -> str:
@@ -50,7 +62,7 @@ def stream_request(grpc_url: str, prompt: str, max_tokens: int) -> str:
               tensor("stream", True, "BOOL"), tensor("seed", 7, "UINT64")]
     client.async_stream_infer("bullet", inputs, request_id="demo", enable_empty_final_response=True)
     text = ""
-    print(f"prompt: {prompt!r}\ncompletion (streamed): ", end="", flush=True)
+    print(f"prompt: {prompt!r}\nanswer (streamed): ", end="", flush=True)
     while True:
         result, error = responses.get(timeout=300)
         if error is not None:
@@ -77,14 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--prompt", default=PROMPT)
-    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--prompt", default=QUESTION,
+                    help="the question, sent through the model's chat template when it has one")
+    ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--exit", action="store_true", help="stop the server after the sample request")
     from bullet_trt.serving.openai import launch as openai_launch
     openai_launch.add_cli_arguments(ap)
     args = ap.parse_args(argv)
     engine = ensure_engine(args.engine_dir)
     overrides = dict(kv.split("=", 1) for kv in args.set)
+    chat = chat_prompt(engine, args.prompt, overrides, args.chat_template)
+    text_input = args.prompt if chat is None else chat
     log = Path(engine) / "tritonserver.log"
     proc = server.launch(engine_dir=engine, overrides=overrides, log_file=str(log), http_port=args.http_port,
                          grpc_port=args.grpc_port, metrics_port=args.metrics_port)
@@ -102,16 +117,22 @@ def main(argv: list[str] | None = None) -> int:
                 openai_launch.wait_until_ready(front, f"http://{args.openai_host}:{args.openai_port}")
         except (server.ServerNotReady, RuntimeError) as e:
             raise SystemExit(f"demo: {e}\n(logs in {engine})")
-        stream_request(f"127.0.0.1:{args.grpc_port}", args.prompt, args.max_tokens)
-        body = json.dumps({"text_input": args.prompt, "max_tokens": args.max_tokens, "seed": 7})
+        stream_request(f"127.0.0.1:{args.grpc_port}", text_input, args.max_tokens)
+        body = json.dumps({"text_input": text_input, "max_tokens": args.max_tokens, "seed": 7})
         print(f"\nthe same over HTTP:\n  curl -s -X POST localhost:{args.http_port}/v2/models/bullet/generate "
-              f"-d '{body}'\nmetrics: curl -s localhost:{args.metrics_port}/metrics | grep bullet_", flush=True)
+              f"-d {shlex.quote(body)}\nmetrics: curl -s localhost:{args.metrics_port}/metrics | grep bullet_",
+              flush=True)
         if front is not None:
-            body = json.dumps({"model": "bullet", "prompt": args.prompt, "max_tokens": args.max_tokens,
-                               "temperature": 0})  # greedy, as the request above
+            # greedy, as the request above
+            if chat is None:
+                endpoint, request = "completions", {"prompt": args.prompt, "max_tokens": args.max_tokens}
+            else:
+                endpoint, request = "chat/completions", {"messages": [{"role": "user", "content": args.prompt}],
+                                                         "max_completion_tokens": args.max_tokens}
+            body = json.dumps({"model": "bullet", **request, "temperature": 0})
             auth = " -H 'Authorization: Bearer $BULLET_OPENAI_API_KEY'" if args.api_key else ""
-            print(f"the same over the OpenAI API:\n  curl -s localhost:{args.openai_port}/v1/completions{auth} "
-                  f"-H 'Content-Type: application/json' -d '{body}'", flush=True)
+            print(f"the same over the OpenAI API:\n  curl -s localhost:{args.openai_port}/v1/{endpoint}{auth} "
+                  f"-H 'Content-Type: application/json' -d {shlex.quote(body)}", flush=True)
         if args.exit:
             return 0
         print("\ndemo: serving; Ctrl-C stops the server", flush=True)

@@ -1,6 +1,8 @@
-"""The embedded default model: a tiny Llama-architecture checkpoint with RANDOM, UNTRAINED
-weights (deterministic from a seed), so the whole server runs on two CPU cores. Its text is
-gibberish; the tokenizer beside it (bullet_trt.model.default_tokenizer) is a real byte-level BPE.
+"""The tiny random model (engines/tiny-random): a Llama-architecture checkpoint with RANDOM,
+UNTRAINED weights (deterministic from a seed), small enough that a server test answers in
+milliseconds per token on two CPU cores. Its text is gibberish; the tokenizer beside it
+(bullet_trt.model.default_tokenizer) is a real byte-level BPE. The default model is a trained
+one (bullet_trt.tools.default_model).
 """
 from __future__ import annotations
 
@@ -9,14 +11,14 @@ from pathlib import Path
 
 # Big enough to exercise GQA, several layers and paging, small enough that a CPU answers in
 # milliseconds per token.
-DEFAULT_HPARAMS = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+TINY_HPARAMS = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                        num_attention_heads=8, num_key_value_heads=4, vocab_size=2048,
                        max_position_embeddings=2048)
 UNTRAINED_NOTE = ("UNTRAINED: random weights from seed {seed}; a tiny Llama-architecture model "
                   "for development and tests. Its output text is meaningless.")
 
 
-def write_random_llama(out: Path, seed: int, hp: dict = DEFAULT_HPARAMS) -> None:
+def write_random_llama(out: Path, seed: int, hp: dict = TINY_HPARAMS) -> None:
     """A Hugging Face style Llama checkpoint (config.json + model.safetensors) with random weights."""
     import torch
     from safetensors.torch import save_file
