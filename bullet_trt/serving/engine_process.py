@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 from bullet_trt.engine.gc_freeze import freeze_startup_objects
@@ -120,10 +121,47 @@ def _load_factory(spec: str) -> Callable[..., Any]:
 # engine process side
 # -------------------------------------------------------------------------------------------
 
+class _Lifeline:
+    """Whether anyone is left to serve: the parent (the Python backend's stub) and, when the
+    client named it, the server above the parent.
+
+    tritonserver's death leaves the stub to exit by itself, but python_backend 24.10's stub
+    can hang on the way out: its health thread waits for a lock that a pending
+    request.is_cancelled() holds while it waits for the dead server's answer. The engine and
+    its workers would then outlive the server, so the stub is ended here when its parent is no
+    longer the server (an orphan is re-parented the moment its parent exits)."""
+
+    def __init__(self, server_pid: int | None):
+        self.parent = mp.parent_process()
+        self.server_pid = server_pid
+
+    def _parent_orphaned(self) -> bool:
+        try:
+            stat = Path(f"/proc/{self.parent.pid}/stat").read_text()
+        except OSError:
+            return False  # not Linux, or the parent is gone (is_alive says so)
+        return int(stat.rsplit(")", 1)[1].split()[1]) != self.server_pid
+
+    def holds(self) -> bool:
+        if self.parent is None:
+            return True
+        if not self.parent.is_alive():
+            return False
+        if self.server_pid and self._parent_orphaned():
+            log.error("the server (pid %d) is gone; ending its Python-backend stub (pid %d)",
+                      self.server_pid, self.parent.pid)
+            try:
+                os.kill(self.parent.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return False
+        return True
+
+
 def _engine_main(cfg, factory: str, engine_kwargs: dict, inbox, outbox, stats_interval: float,
-                 num_threads: int) -> None:
+                 num_threads: int, server_pid: int | None = None) -> None:
     """Runs in the spawned process: build the engine, then serve messages until told to stop."""
-    parent = mp.parent_process()
+    lifeline = _Lifeline(server_pid)
     try:
         # A process group of our own: should this process die, the client kills the group,
         # so that worker processes the engine started do not outlive it.
@@ -144,7 +182,7 @@ def _engine_main(cfg, factory: str, engine_kwargs: dict, inbox, outbox, stats_in
         outbox.put(EngineFailed(traceback.format_exc()))
         return
     try:
-        _engine_loop(core, inbox, outbox, stats_interval, parent, QueueBound.from_config(cfg))
+        _engine_loop(core, inbox, outbox, stats_interval, lifeline, QueueBound.from_config(cfg))
     except BaseException:
         outbox.put(EngineFailed(traceback.format_exc()))
         raise
@@ -170,10 +208,10 @@ class _StopSignal:
         self.requested = True
 
 
-def _engine_loop(core, inbox, outbox, stats_interval: float, parent, bound: QueueBound) -> None:
+def _engine_loop(core, inbox, outbox, stats_interval: float, lifeline: _Lifeline, bound: QueueBound) -> None:
     watch = StallWatch.from_env("engine loop")
     try:
-        _serve(core, inbox, outbox, stats_interval, parent, watch, bound, _StopSignal())
+        _serve(core, inbox, outbox, stats_interval, lifeline, watch, bound, _StopSignal())
     finally:
         if watch:
             watch.close()
@@ -196,7 +234,7 @@ def _stop_serving(core, inbox, outbox) -> None:
     outbox.put(EngineStopped(SHUTTING_DOWN))
 
 
-def _serve(core, inbox, outbox, stats_interval: float, parent, watch: StallWatch | None,
+def _serve(core, inbox, outbox, stats_interval: float, lifeline: _Lifeline, watch: StallWatch | None,
            bound: QueueBound, stop: _StopSignal) -> None:
     last_stats = None
     last_stats_time = 0.0
@@ -212,9 +250,9 @@ def _serve(core, inbox, outbox, stats_interval: float, parent, watch: StallWatch
             msg = inbox.get(timeout=1.0) if not busy else inbox.get_nowait()
         except queue.Empty:
             msg = None
-        if parent is not None and time.monotonic() - last_parent_check >= 1.0:
+        if time.monotonic() - last_parent_check >= 1.0:
             last_parent_check = time.monotonic()
-            if not parent.is_alive():  # nobody is left to read our outputs
+            if not lifeline.holds():  # nobody is left to read our outputs
                 # Unread outputs fill the pipe; without this the queue's feeder thread would
                 # block the interpreter's exit forever.
                 outbox.cancel_join_thread()
@@ -285,12 +323,14 @@ class EngineClient(AsyncEngine):
     factory: "module:callable" building the engine inside the child (tests swap in fakes).
     on_stats: called from the reader thread with every EngineStats the engine sends.
     on_death: called once, from the reader thread, when the engine process exits unasked.
+    server_pid: the server this process serves (tritonserver, for the Triton model); the engine
+    process ends when it is gone, even if this process cannot.
     """
 
     def __init__(self, cfg, *, factory: str = "bullet_trt.serving.modes:create_engine",
                  engine_kwargs: dict | None = None, on_stats: StatsCallback | None = None,
                  on_death: Callable[[str], None] | None = None, stats_interval: float = 0.05,
-                 num_threads: int = 0, start_timeout: float = 600.0):
+                 num_threads: int = 0, start_timeout: float = 600.0, server_pid: int | None = None):
         self.cfg = cfg
         self._factory = factory
         self._engine_kwargs = dict(engine_kwargs or {})
@@ -299,6 +339,7 @@ class EngineClient(AsyncEngine):
         self._stats_interval = stats_interval
         self._num_threads = num_threads
         self._start_timeout = start_timeout
+        self._server_pid = server_pid
         self._lock = threading.Lock()
         self._callbacks: dict[str, OutputCallback] = {}
         self._stats = EngineStats()
@@ -321,7 +362,8 @@ class EngineClient(AsyncEngine):
         # parent and exits when the parent is gone.
         self._proc = ctx.Process(target=_engine_main, name="bullet-engine", daemon=False,
                                  args=(self.cfg, self._factory, self._engine_kwargs, self._inbox,
-                                       self._outbox, self._stats_interval, self._num_threads))
+                                       self._outbox, self._stats_interval, self._num_threads,
+                                       self._server_pid))
         self._proc.start()
         deadline = time.monotonic() + self._start_timeout
         while True:

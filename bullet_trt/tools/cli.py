@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
@@ -52,7 +51,7 @@ def cmd_serve(args) -> int:
     try:
         cmd, env = server.prepare(engine_dir=engine_dir, overrides=overrides, model_repository=args.model_repository,
                                   http_port=args.http_port, grpc_port=args.grpc_port,
-                                  metrics_port=args.metrics_port,
+                                  metrics_port=args.metrics_port, host=args.host,
                                   log_verbose=args.log_verbose, explicit=not args.no_explicit, extra=extra)
     except server.ServerSetupError as e:
         raise SystemExit(f"bullet-trt serve: {e}")
@@ -68,13 +67,11 @@ def cmd_serve(args) -> int:
             from bullet_trt.serving.openai.launch import openai_command
             print(" ".join(openai_command(**openai)))
         return 0
-    print(f"bullet-trt: engine {Path(engine_dir).resolve()}; HTTP :{args.http_port}, gRPC :{args.grpc_port}, "
-          f"metrics :{args.metrics_port}" + (f", OpenAI API http://{args.openai_host}:{args.openai_port}/v1"
-                                             if openai is not None else ""), file=sys.stderr)
+    front = f", OpenAI API http://{args.openai_host}:{args.openai_port}/v1" if openai is not None else ""
+    print(f"bullet-trt: engine {Path(engine_dir).resolve()}; HTTP {args.host}:{args.http_port}, "
+          f"gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}{front}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    if not args.start_mps and openai is None:
-        os.execve(cmd[0], cmd, env)  # tritonserver takes over this process (signals reach it directly)
     return _serve_supervised(cmd, env, args.start_mps, openai, args.api_key)
 
 
@@ -83,36 +80,27 @@ def _serve_supervised(cmd: list[str], env: dict[str, str], start_mps: bool, open
     """Runs tritonserver as a child, next to the OpenAI front end (a second child, which also
     exits by itself should this process die) and/or between starting and stopping a private
     MPS daemon, so that the spatial modes' workers are MPS clients (without MPS two processes
-    only time-slice the GPU). Ends when tritonserver ends."""
-    import signal
-    import subprocess
+    only time-slice the GPU). Ends when tritonserver ends; SIGTERM or Ctrl-C ends open requests
+    with an error and stops every process started here (bullet_trt/serving/supervisor.py)."""
+    from bullet_trt.serving.supervisor import Supervisor
+    from bullet_trt.serving.triton.process_tree import stop_engines
 
-    mps_env: dict[str, str] = {}
-    if start_mps:
-        from bullet_trt.spatial.partitioners.mps_daemon import start_mps_daemon
-        mps_env = start_mps_daemon()
-        env = {**env, **mps_env}
-        print(f"bullet-trt: MPS daemon at {mps_env['CUDA_MPS_PIPE_DIRECTORY']}", file=sys.stderr)
-    proc = subprocess.Popen(cmd, env=env)
-    front = None
-    forward = lambda signum, _frame: proc.send_signal(signum)  # noqa: E731
-    signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGTERM, forward)
+    sup = Supervisor()
+    sup.handle_signals()
     try:
+        if start_mps:
+            from bullet_trt.spatial.partitioners.mps_daemon import start_mps_daemon, stop_mps_daemon
+            mps_env = start_mps_daemon()
+            sup.on_stop(lambda: stop_mps_daemon(mps_env["CUDA_MPS_PIPE_DIRECTORY"]))
+            env = {**env, **mps_env}
+            print(f"bullet-trt: MPS daemon at {mps_env['CUDA_MPS_PIPE_DIRECTORY']}", file=sys.stderr)
+        sup.start("tritonserver", cmd, env=env, drain=stop_engines)
         if openai is not None:
             from bullet_trt.serving.openai import launch
-            front = launch.launch(api_key=api_key, **openai)
-        return proc.wait()
+            sup.adopt("openai", launch.launch(api_key=api_key, **openai), essential=False)
+        return sup.wait()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if front is not None:
-            from bullet_trt.serving.openai import launch
-            launch.stop(front)
-        if start_mps:
-            from bullet_trt.spatial.partitioners.mps_daemon import stop_mps_daemon
-            stop_mps_daemon(mps_env["CUDA_MPS_PIPE_DIRECTORY"])
+        sup.stop()
 
 
 # -- generate (offline) -----------------------------------------------------------------------
@@ -186,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--engine-dir", help="engine directory (default: engines/default, the default model, "
                                         "built on first use)")
     s.add_argument("--model-repository", default=None, help="model repository (default: the project's)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address tritonserver's HTTP, gRPC and metrics endpoints listen on (default "
+                        "127.0.0.1: this machine only; 0.0.0.0: every interface). --openai-host is the "
+                        "OpenAI API's")
     s.add_argument("--http-port", type=int, default=8000)
     s.add_argument("--grpc-port", type=int, default=8001)
     s.add_argument("--metrics-port", type=int, default=8002)

@@ -13,8 +13,6 @@ import argparse
 import json
 import queue
 import shlex
-import signal
-import time
 from pathlib import Path
 
 import numpy as np
@@ -81,10 +79,14 @@ def stream_request(grpc_url: str, prompt: str, max_tokens: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bullet_trt.serving.supervisor import Supervisor
     from bullet_trt.serving.triton import server
+    from bullet_trt.serving.triton.process_tree import stop_engines
     ap = argparse.ArgumentParser(prog="bullet-trt demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine-dir")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="address tritonserver listens on (default 127.0.0.1: this machine only)")
     ap.add_argument("--http-port", type=int, default=8000)
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
@@ -101,23 +103,30 @@ def main(argv: list[str] | None = None) -> int:
     chat = chat_prompt(engine, args.prompt, overrides, args.chat_template)
     text_input = args.prompt if chat is None else chat
     log = Path(engine) / "tritonserver.log"
-    proc = server.launch(engine_dir=engine, overrides=overrides, log_file=str(log), http_port=args.http_port,
-                         grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+    address = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    # SIGTERM as Ctrl-C: whatever the demo is doing, open requests end with an error and every
+    # process it started stops (bullet_trt/serving/supervisor.py).
+    sup = Supervisor()
+    sup.handle_signals(interrupt=True)
     front = None
     try:
+        cmd, env = server.prepare(engine_dir=engine, overrides=overrides, http_port=args.http_port,
+                                  grpc_port=args.grpc_port, metrics_port=args.metrics_port, host=args.host)
+        proc = sup.start("tritonserver", cmd, env=env, cwd=server.PROJECT_ROOT, log_file=log, drain=stop_engines)
         print(f"demo: tritonserver pid {proc.pid} starting (log {log})", flush=True)
         if not args.no_openai:
             front_log = Path(engine) / "openai.log"
-            front = openai_launch.launch(api_key=args.api_key, log_file=front_log,
-                                         **openai_launch.launch_arguments(args, engine, args.grpc_port, overrides))
+            front = sup.adopt("openai", openai_launch.launch(
+                api_key=args.api_key, log_file=front_log,
+                **openai_launch.launch_arguments(args, engine, args.grpc_port, overrides)), essential=False)
             print(f"demo: OpenAI API pid {front.pid} starting (log {front_log})", flush=True)
         try:
-            server.wait_until_ready(proc, f"127.0.0.1:{args.grpc_port}", timeout_s=600)
+            server.wait_until_ready(proc, f"{address}:{args.grpc_port}", timeout_s=600)
             if front is not None:
                 openai_launch.wait_until_ready(front, f"http://{args.openai_host}:{args.openai_port}")
         except (server.ServerNotReady, RuntimeError) as e:
             raise SystemExit(f"demo: {e}\n(logs in {engine})")
-        stream_request(f"127.0.0.1:{args.grpc_port}", text_input, args.max_tokens)
+        stream_request(f"{address}:{args.grpc_port}", text_input, args.max_tokens)
         body = json.dumps({"text_input": text_input, "max_tokens": args.max_tokens, "seed": 7})
         print(f"\nthe same over HTTP:\n  curl -s -X POST localhost:{args.http_port}/v2/models/bullet/generate "
               f"-d {shlex.quote(body)}\nmetrics: curl -s localhost:{args.metrics_port}/metrics | grep bullet_",
@@ -136,20 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.exit:
             return 0
         print("\ndemo: serving; Ctrl-C stops the server", flush=True)
-        while proc.poll() is None:
-            time.sleep(1)
-        return proc.returncode or 0
+        return sup.wait()
     except KeyboardInterrupt:
         return 0
     finally:
-        if front is not None:
-            openai_launch.stop(front)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except Exception:  # noqa: BLE001
-                proc.kill()
+        sup.stop()
 
 
 if __name__ == "__main__":

@@ -164,7 +164,7 @@ class TritonPythonModel:
         self.engine: AsyncEngine = EngineClient(
             self.cfg, factory="bullet_trt.serving.modes:create_served_engine", on_stats=self.metrics.update_stats,
             on_death=self._on_engine_death, num_threads=int(params["engine_threads"]),
-            start_timeout=float(params["engine_start_timeout_s"])).start()
+            start_timeout=float(params["engine_start_timeout_s"]), server_pid=os.getppid()).start()
         self.metrics.set_ready(True)
         log.info("bullet: engine %s ready (pid %s, max_model_len %d, mode %s)", engine_dir,
                  getattr(self.engine, "pid", "?"), self.cfg.max_model_len, self.cfg.serve.mode)

@@ -6,6 +6,8 @@ them without asking the server, which may be the thing under test.
 """
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 
@@ -33,10 +35,29 @@ def descendants(root: int) -> list[tuple[int, int, str]]:
     return out
 
 
+def _engines(procs: list[tuple[int, int, str]]) -> list[int]:
+    stubs = {pid for pid, _, cmd in procs if "triton_python_backend_stub" in cmd}
+    return [pid for pid, ppid, cmd in procs if "spawn_main" in cmd and ppid in stubs]
+
+
 def engine_pids(server_pid: int) -> list[int]:
     """The engine process(es) below a tritonserver, then any workers they started."""
     procs = descendants(server_pid)
-    stubs = {pid for pid, _, cmd in procs if "triton_python_backend_stub" in cmd}
-    engines = [pid for pid, ppid, cmd in procs if "spawn_main" in cmd and ppid in stubs]
+    engines = _engines(procs)
     workers = [pid for pid, ppid, cmd in procs if ppid in engines]
     return engines + workers
+
+
+def stop_engines(server_pid: int) -> list[int]:
+    """Asks each engine below a tritonserver to stop (SIGTERM): it ends every request it holds
+    with "server is shutting down", stops its workers and exits. Returns the pids asked; a
+    server shutting down does this first, so that open streams end with an answer rather than
+    with tritonserver's own shutdown, which waits for clients to close their streams."""
+    asked = []
+    for pid in _engines(descendants(server_pid)):
+        try:
+            os.kill(pid, signal.SIGTERM)
+            asked.append(pid)
+        except ProcessLookupError:
+            pass
+    return asked
