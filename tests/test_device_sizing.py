@@ -74,3 +74,13 @@ def test_overrides_are_recorded_and_never_saved(tmp_path):
 def test_auto_mode_is_chunked_without_a_gpu(tmp_path):
     assert resolve_mode(config(tmp_path, {"device": "cpu"})) == "chunked"
     assert resolve_mode(config(tmp_path, {"serve.mode": "bullet"})) == "bullet"
+
+
+def test_serve_starts_a_private_mps_daemon_only_where_asked_or_a_gpu_needs_one():
+    import torch
+
+    from bullet_trt.tools.cli import _private_mps_wanted
+
+    assert _private_mps_wanted("on") is True and _private_mps_wanted("off") is False
+    if not torch.cuda.is_available():
+        assert _private_mps_wanted("auto") is False

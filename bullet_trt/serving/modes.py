@@ -22,7 +22,7 @@ def resolve_mode(cfg: EngineConfig) -> str:
     if mps_daemon_running():
         return "bullet"
     print("bullet_trt: serve.mode=auto runs chunked: no MPS daemon answers (start one with "
-          "scripts/start_mps.sh or `bullet-trt serve --start-mps` for bullet)", file=sys.stderr, flush=True)
+          "scripts/start_mps.sh or `bullet-trt serve --mps on` for bullet)", file=sys.stderr, flush=True)
     return "chunked"
 
 

@@ -72,7 +72,31 @@ def cmd_serve(args) -> int:
           f"gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}{front}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    return _serve_supervised(cmd, env, args.start_mps, openai, args.api_key)
+    return _serve_supervised(cmd, env, _private_mps_wanted(args.mps), openai, args.api_key)
+
+
+def _private_mps_wanted(choice: str) -> bool:
+    """--mps auto: a GPU and no MPS daemon answering means the spatial modes' workers could
+    only time-slice it, and serve.mode=auto would fall back to chunked; start a private
+    daemon then, where the driver's control binary is installed."""
+    if choice != "auto":
+        return choice == "on"
+    import shutil
+
+    from bullet_trt.spatial.partitioners.mps_daemon import mps_daemon_running
+
+    if shutil.which("nvidia-cuda-mps-control") is None or mps_daemon_running():
+        return False
+    try:  # NVML, not CUDA: this process must not hold a GPU context before the daemon starts
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount() > 0
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001  (no driver, no GPU)
+        return False
 
 
 def _serve_supervised(cmd: list[str], env: dict[str, str], start_mps: bool, openai: dict | None,
@@ -188,8 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not use --model-control-mode=explicit (the model then cannot unload itself "
                         "when its engine dies)")
     s.add_argument("--dry-run", action="store_true", help="print the environment and command, do not start")
-    s.add_argument("--start-mps", action="store_true",
-                   help="start a private MPS daemon for the spatial modes' workers and stop it on exit")
+    s.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
+                   help="a private MPS daemon for the spatial modes' workers, stopped on exit: auto "
+                        "(default) starts one on a GPU where none answers, so serve.mode=auto runs bullet")
+    s.add_argument("--start-mps", dest="mps", action="store_const", const="on", help="the same as --mps on")
     from bullet_trt.serving.openai.launch import add_cli_arguments
     add_cli_arguments(s)
     s.add_argument("tritonserver_args", nargs=argparse.REMAINDER, help="-- then extra tritonserver flags")

@@ -193,7 +193,7 @@ def require_mps_client(role: str, device=0, setting: str = f"{SETTING}=green") -
     state = "running" if mps_daemon_running(pipe) else "not running"
     raise RuntimeError(
         f"{role} worker: {setting} needs the MPS daemon: start it with scripts/start_mps.sh or "
-        f"`bullet-trt serve --start-mps`; without MPS two processes only time-slice. "
+        f"`bullet-trt serve --mps on`; without MPS two processes only time-slice. "
         f"(this process looked for the daemon at CUDA_MPS_PIPE_DIRECTORY={pipe}: {state}; "
         "the variable must be set before CUDA initializes)")
 
