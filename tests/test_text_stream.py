@@ -99,6 +99,18 @@ def test_stop_string_across_token_boundaries_ends_the_stream_at_the_token_that_c
     assert not any("lo" in p for p in pieces)
 
 
+def test_tokens_given_together_stop_where_one_at_a_time_stop(tok):
+    """The reader merges the outputs of several engine steps; the stop lands on the same token."""
+    ids = tok.encode("hello world, again and again", add_special_tokens=False)
+    single = TextStream(tok, ["d, a"])
+    one = "".join(one_by_one(single, ids))
+    merged = TextStream(tok, ["d, a"])
+    together = merged.extend(ids[:3]) + merged.extend(ids[3:]) + merged.finish()
+    assert together == one == "hello worl" and merged.num_tokens == single.num_tokens < len(ids)
+    plain = TextStream(tok, [])  # no stop strings: one decode for the lot
+    assert plain.extend(ids) + plain.finish() == tok.decode(ids) and plain.num_tokens == len(ids)
+
+
 def test_stop_string_split_inside_a_multibyte_character(tok):
     ids = byte_ids(tok, "ok 東京 then")
     stream = TextStream(tok, ["京 t"])

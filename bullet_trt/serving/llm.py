@@ -68,13 +68,12 @@ class LLM:
                 rid, stream = out.request_id, streams[out.request_id]
                 if rid in reasons:
                     continue  # stopped on a string: this is the engine's answer to the abort
-                for i, token in enumerate(out.new_token_ids):
-                    tokens[rid].append(token)
-                    if out.new_logprobs:
-                        lps[rid].append(out.new_logprobs[i])
-                    texts[rid].append(stream.push(token))
-                    if stream.stopped:
-                        break
+                before = stream.num_tokens
+                texts[rid].append(stream.extend(out.new_token_ids))
+                used = stream.num_tokens - before
+                tokens[rid] += out.new_token_ids[:used]
+                if out.new_logprobs:
+                    lps[rid] += out.new_logprobs[:used]
                 if stream.stopped:
                     reasons[rid] = "stop"
                     if not out.finished:

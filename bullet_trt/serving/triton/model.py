@@ -241,21 +241,18 @@ class TritonPythonModel:
                 st.first_token = now
                 self.metrics.observe_ttft(now - st.arrival)
             st.last_token = now
-        # Token by token, so that a stop string ends the output at the token that completed
-        # it even when the reader merged several steps into this output.
-        pieces = []
-        logprobs = out.new_logprobs or []
-        for i, token in enumerate(out.new_token_ids):
-            st.num_output_tokens += 1
-            st.pending_tokens += 1
-            if i < len(logprobs):
-                st.pending_logprobs.append(logprobs[i])
-                st.all_logprobs.append(logprobs[i])
-                st.cum_logprob += float(logprobs[i])
-            pieces.append(st.text_stream.push(token))
-            if st.text_stream.stopped:
-                break
-        piece = "".join(pieces)
+        # A stop string ends the output at the token that completed it, even when the reader
+        # merged several steps into this output: only the tokens up to it count.
+        before = st.text_stream.num_tokens
+        piece = st.text_stream.extend(out.new_token_ids)
+        used = st.text_stream.num_tokens - before
+        st.num_output_tokens += used
+        st.pending_tokens += used
+        if out.new_logprobs:
+            logprobs = out.new_logprobs[:used]
+            st.pending_logprobs.extend(logprobs)
+            st.all_logprobs.extend(logprobs)
+            st.cum_logprob += float(sum(logprobs))
         if st.text_stream.stopped:
             if not out.finished:
                 self.engine.abort(st.rid)  # its KV blocks return at the engine's next step
