@@ -84,3 +84,28 @@ def test_serve_starts_a_private_mps_daemon_only_where_asked_or_a_gpu_needs_one()
     assert _private_mps_wanted("on") is True and _private_mps_wanted("off") is False
     if not torch.cuda.is_available():
         assert _private_mps_wanted("auto") is False
+
+
+@pytest.mark.parametrize("name, published", [("llama-3.1-8b", 8.0), ("llama-3.1-70b", 70.6),
+                                             ("qwen3-30b-a3b", 30.5), ("qwen3-235b-a22b", 235.1)])
+def test_the_memory_plan_counts_the_published_parameters(name, published):
+    from bullet_trt.serving.memory_plan import parameters
+
+    assert parameters(ModelArch.from_hf_dict(PRESETS[name])) / 1e9 == pytest.approx(published, abs=0.1)
+
+
+def test_the_memory_plan_shards_weights_and_kv_heads_across_ranks():
+    from bullet_trt.serving.memory_plan import plan_rank
+
+    llama70 = ModelArch.from_hf_dict(PRESETS["llama-3.1-70b"])
+    one, two, eight = (plan_rank(llama70, 2, tp, 141 * GiB, 0.85) for tp in (1, 2, 8))
+    assert not one.fits and two.fits  # 141 GB of bf16 weights need two H200s
+    assert two.weight_bytes == pytest.approx(one.weight_bytes / 2)
+    assert eight.kv_bytes_per_token == one.kv_bytes_per_token / 8  # 8 KV heads, one per rank
+    qwen235 = ModelArch.from_hf_dict(PRESETS["qwen3-235b-a22b"])
+    four, eight = (plan_rank(qwen235, 2, tp, 141 * GiB, 0.85) for tp in (4, 8))
+    # 4 KV heads over 8 ranks: each keeps one, so the KV per token stops shrinking at TP=4
+    assert four.kv_bytes_per_token == eight.kv_bytes_per_token
+    assert eight.weight_bytes > four.weight_bytes / 2  # the replicated K/V projections
+    with pytest.raises(ValueError, match="must divide the 64 attention heads"):
+        plan_rank(qwen235, 2, 3, 141 * GiB, 0.85)

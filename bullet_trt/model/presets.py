@@ -39,4 +39,15 @@ PRESETS: dict[str, dict] = {
         "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
         "use_sliding_window": False, "torch_dtype": "bfloat16", "bos_token_id": 151643,
         "eos_token_id": 151645},
+    # 235B parameters, 22B active: the seeds' large mixture-of-experts run (TP=8)
+    "qwen3-235b-a22b": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 4096,
+        "intermediate_size": 12288, "moe_intermediate_size": 1536, "num_hidden_layers": 94,
+        "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+        "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "rope_scaling": None, "max_position_embeddings": 40960,
+        "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
+        "use_sliding_window": False, "torch_dtype": "bfloat16", "bos_token_id": 151643,
+        "eos_token_id": 151645},
 }

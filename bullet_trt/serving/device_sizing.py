@@ -18,6 +18,7 @@ import sys
 
 from bullet_trt.config import EngineConfig
 from bullet_trt.model.arch import ModelArch
+from bullet_trt.serving.memory_plan import TYPICAL_CONTEXT, plan_rank
 from bullet_trt.spatial.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel
 
 # Decode batch sizes with a CUDA graph: dense where batches are small (each padded row
@@ -25,9 +26,6 @@ from bullet_trt.spatial.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512,
                  640, 768, 896, 1024)
 MAX_DECODE_ROWS = 1024  # the largest decode batch calibrated and served so far
-# Tokens a decoding row is assumed to hold when sizing: ShareGPT-like requests average
-# ~500 (prompt + output); longer rows are preempted and recomputed, not refused.
-TYPICAL_CONTEXT = 512
 GPU_CHUNK_TOKENS = 2048  # chunked mode's best measured chunk on an H100 (docs/benchmarks.md)
 
 
@@ -35,10 +33,8 @@ def decode_rows(cfg: EngineConfig, arch: ModelArch, total_memory: int, total_sms
                 dtype_bytes: int) -> tuple[int, str]:
     """The decode slots for this device, and which bound chose them."""
     cost = ModelCost.from_arch(arch, dtype_bytes)
-    embedding = 0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden_size * dtype_bytes
-    pool = total_memory * cfg.kv.gpu_memory_fraction - cost.weight_bytes - embedding
     context = min(cfg.max_model_len, TYPICAL_CONTEXT)
-    by_memory = int(pool // (cost.kv_bytes_per_token * context))
+    by_memory = plan_rank(arch, dtype_bytes, 1, total_memory, cfg.kv.gpu_memory_fraction, context).rows
     perf_file = cfg.resolve_path(PERF_MODEL_FILE)
     perf = PerfModel.load(perf_file, cost) if perf_file.is_file() else PerfModel.default(cost, total_sms, True)
     budget_ms = cfg.serve.tpot_slo_ms * cfg.serve.tpot_plan_fraction

@@ -164,6 +164,7 @@ EXTERNAL = {
     "doctor": (("bullet_trt.tools.doctor",), "check the machine: GPU, MPS, SM partitioning"),
     "plot": (("bullet_trt.tools.bench.plot", "bullet_trt.tools.bench.plot_iterations"), "plot benchmark / iteration logs"),
     "demo": (("bullet_trt.tools.demo",), "serve an engine and answer a sample chat question (default: the default model)"),
+    "plan": (("bullet_trt.tools.plan",), "per-GPU memory plan (weights, KV pool, decode rows) at tensor-parallel sizes"),
 }
 
 
