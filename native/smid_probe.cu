@@ -13,7 +13,7 @@
 // after spin_us of wall time, so the window alone cannot tell concurrency from
 // time slicing; the gaps ([4], [5]) and the work done ([3]) can.
 //
-// C API (loaded with ctypes by bullet_trt/sm/native.py). No function aborts:
+// C API (loaded with ctypes by bullet_trt/spatial/partitioners/native.py). No function aborts:
 // each returns 0 or a cudaError_t value.
 
 #include <cuda_runtime.h>
