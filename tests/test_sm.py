@@ -504,7 +504,7 @@ def test_require_mps_client_message(monkeypatch, tmp_path):
     monkeypatch.setattr(mps_daemon, "is_mps_client", lambda device=0: False)
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
     with pytest.raises(RuntimeError, match=r"serve\.partitioner=green needs the MPS daemon: start it with "
-                                           r"scripts/start_mps.sh or `bullet-trt serve --start-mps`; without "
+                                           r"scripts/start_mps.sh or `bullet-trt serve --mps on`; without "
                                            r"MPS two processes only time-slice"):
         mps_daemon.require_mps_client("decode")
 
