@@ -11,7 +11,7 @@ from contextlib import aclosing
 from typing import AsyncIterator
 
 from bullet_trt.serving.openai.request_params import Generation
-from bullet_trt.serving.openai.stop_text import StopText
+from bullet_trt.serving.stop_strings import StopStrings
 from bullet_trt.serving.openai.triton_stream import TritonStreams
 
 
@@ -26,7 +26,7 @@ class GenerationRun:
 
     async def deltas(self) -> AsyncIterator[str]:
         g = self.generation
-        stop = StopText(g.stop)
+        stop = StopStrings(g.stop)  # the model cuts them too; this keeps the front right on its own
         async with aclosing(self.streams.generate(g.inputs, g.renames)) as pieces:
             async for piece in pieces:
                 self.completion_tokens += piece.output_tokens
