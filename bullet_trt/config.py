@@ -105,6 +105,16 @@ class ServeConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How many GPUs serve one model (docs/scale-out.md)."""
+
+    # Megatron-style tensor parallelism: every rank holds 1/N of each layer's heads, MLP
+    # columns (or experts) and vocabulary, and of the KV pool's heads; the ranks are one
+    # process each on cuda:0..N-1 (gloo on CPU), the engine process being rank 0.
+    tensor_parallel_size: int = 1
+
+
+@dataclass
 class EngineConfig:
     engine_dir: str = ""
     checkpoint: str = ""
@@ -122,6 +132,7 @@ class EngineConfig:
         max_num_seqs=64, max_num_batched_tokens=64, max_model_len=2048,
         cuda_graph_batch_sizes=[1, 2, 4, 8, 16, 32, 64]))
     serve: ServeConfig = field(default_factory=ServeConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # dotted keys set by overrides (--set, Triton model parameters): what the user chose for
     # this run, which device sizing leaves alone; never written to engine.yaml
     overridden: list[str] = field(default_factory=list)
@@ -197,6 +208,9 @@ class EngineConfig:
             raise ConfigError(f"serve.max_queue must be >= 1, got {s.max_queue}")
         if s.max_queue_tokens < 0:
             raise ConfigError(f"serve.max_queue_tokens must be >= 0 (0: no bound), got {s.max_queue_tokens}")
+        if self.parallel.tensor_parallel_size < 1:
+            raise ConfigError("parallel.tensor_parallel_size must be >= 1, got "
+                              f"{self.parallel.tensor_parallel_size}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         return self

@@ -8,6 +8,12 @@ Two conversations run over `multiprocessing` queues:
     spatial orchestrator   <->  session workers       WorkerSetup, RunBatch, DecodeUpdate, StopWorker
                                                       WorkerReady, BatchDone, BatchFailed, WorkerFatal,
                                                       DecodeStep, DecodeStepFailed, RowsLeft
+    spatial orchestrator   ->   its rank followers    WorkerPlan (tensor parallelism)
+
+Under tensor parallelism rank 0 also tells its followers each step and the KV blocks it gave
+out (engine/tp_messages.py: the chunked engine, in the layer below, sends them too), and a
+rank-0 worker hands the messages it takes to the same worker of every other rank
+(spatial/rank_mirror.py).
 
 Receivers dispatch on the message's type (`match`), so a new message is a new dataclass here,
 never a new string. Messages stay small: ids, token ids, block tables, counters and an
@@ -127,6 +133,20 @@ class WorkerSetup:
     threads: int | None
     partitioner: str
     splits: list[int]  # prefill SM counts the worker may be asked to run at
+    # tensor parallelism: (engine.tp_group.Rendezvous of this role's workers, this rank)
+    tp: Any = None
+
+
+@dataclass
+class WorkerPlan:
+    """Rank 0's orchestrator to each rank follower: the workers to start on that rank's GPU,
+    as its own (the same partitioner, splits and environment), and where each role's
+    workers of all ranks meet."""
+
+    partitioner: str
+    splits: list[int]
+    envs: dict[str, dict]  # role -> environment
+    rendezvous: dict[str, Any]  # role -> engine.tp_group.Rendezvous
 
 
 @dataclass

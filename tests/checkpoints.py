@@ -26,6 +26,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "qwen3": dict(family="qwen3"),
     "qwen3-tied": dict(family="qwen3", tie_word_embeddings=True),
     "llama-sharded": dict(family="llama", sharded=True),
+    # one KV head for four q heads: under tensor parallelism every rank keeps that head
+    "llama-1kv": dict(family="llama", config=dict(num_key_value_heads=1)),
+    # a vocabulary that two ranks split unevenly, tied to the lm_head; biases on q/k/v, o_proj
+    # and the MLP (Llama's attention_bias and mlp_bias), added once after a row-parallel sum
+    "llama-odd-vocab": dict(family="llama", tie_word_embeddings=True,
+                            config=dict(vocab_size=2001, attention_bias=True, mlp_bias=True)),
     # 16 experts, top 4, renormalised (as Qwen3-30B-A3B); every layer sparse
     "qwen3_moe": dict(family="qwen3_moe", moe=dict(norm_topk_prob=True)),
     # raw top-k probabilities, and both ways a Qwen3-MoE config keeps dense MLPs:
@@ -37,13 +43,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
 MOE_DEFAULTS = dict(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32)
 
 
-def _config(family: str, tie_word_embeddings: bool, rope_scaling: dict | None, moe: dict | None):
+def _config(family: str, tie_word_embeddings: bool, rope_scaling: dict | None, moe: dict | None,
+            config: dict | None = None):
     import transformers
 
-    common = dict(
+    common = {**dict(
         vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-        rms_norm_eps=1e-6, tie_word_embeddings=tie_word_embeddings, bos_token_id=0, eos_token_id=1)
+        rms_norm_eps=1e-6, tie_word_embeddings=tie_word_embeddings, bos_token_id=0, eos_token_id=1),
+        **(config or {})}
     rope = {"rope_type": "default", "rope_theta": 10000.0, **(rope_scaling or {})}
     rope.setdefault("rope_theta", 10000.0)
     if family == "llama":
@@ -82,13 +90,15 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
 
 def make_checkpoint(out_dir: str | Path, family: str, dtype: torch.dtype = torch.float32,
                     sharded: bool = False, tie_word_embeddings: bool = False,
-                    rope_scaling: dict | None = None, moe: dict | None = None, seed: int = 0) -> Path:
-    """Writes config.json, safetensors weights and the default tokenizer into out_dir."""
+                    rope_scaling: dict | None = None, moe: dict | None = None, seed: int = 0,
+                    config: dict | None = None) -> Path:
+    """Writes config.json, safetensors weights and the default tokenizer into out_dir.
+    config: fields of the transformers config that differ from the small defaults."""
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # "Writing model shards" noise
     out = Path(out_dir)
-    config = _config(family, tie_word_embeddings, rope_scaling, moe)
+    config = _config(family, tie_word_embeddings, rope_scaling, moe, config)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _randomize(model, seed)
     model.to(dtype)

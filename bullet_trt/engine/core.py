@@ -6,39 +6,64 @@ default that Bullet is measured against. It composes the engine's parts: the sha
 and pool, the block allocator, the batch scheduler, the request lifecycle and the session.
 The Bullet orchestrator (bullet_trt/spatial) composes the same parts in its own way; this
 file knows nothing of it.
+
+With parallel.tensor_parallel_size N > 1 this engine is rank 0: it starts N - 1 follower
+processes (engine/tp_ranks.py), schedules alone, and its session hands every batch to them
+before running it, so that all ranks run each forward together (engine/tp_follower.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import traceback
 
-from bullet_trt.config import EngineConfig
+from bullet_trt.config import EngineConfig, ProfileConfig
 from bullet_trt.engine.batch_scheduler import BatchScheduler, ScheduledChunk
 from bullet_trt.engine.block_allocator import BlockAllocator
+from bullet_trt.engine.block_journal import JournaledAllocator
 from bullet_trt.engine.lifecycle import RequestLifecycle
 from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput
 from bullet_trt.engine.sequence import SeqStatus
 from bullet_trt.engine.session import TorchSession
 from bullet_trt.engine.shared_state import build_shared_state, release_device_memory, request_limits
 from bullet_trt.engine.step_failure import FailureStreak, device_usable, last_line, report
+from bullet_trt.engine.tp_ranks import LeaderSession, TensorParallelRanks
+
+FOLLOWER = "bullet_trt.engine.tp_follower:run_chunked_follower"
+
+
+def chunked_profile(cfg: EngineConfig) -> ProfileConfig:
+    """One session runs both phases: decode-only steps replay the decode profile's graphs."""
+    return dataclasses.replace(cfg.prefill, cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes,
+                               max_num_seqs=max(cfg.prefill.max_num_seqs, cfg.decode.max_num_seqs))
 
 
 class EngineCore:
     def __init__(self, cfg: EngineConfig, token_budget: int | None = None):
         self.cfg = cfg
-        self.state, model = build_shared_state(cfg, share=False)
-        self.allocator = BlockAllocator(self.state.num_blocks)
+        tp = cfg.parallel.tensor_parallel_size > 1
+        self.ranks = TensorParallelRanks(cfg, FOLLOWER) if tp else None
+        try:
+            self._build(cfg, token_budget)
+        except BaseException:
+            if self.ranks is not None:
+                self.ranks.close()
+            raise
+
+    def _build(self, cfg: EngineConfig, token_budget: int | None) -> None:
+        ranks = self.ranks
+        self.state, model = build_shared_state(cfg, share=False, tp=ranks.group if ranks else None)
+        self.allocator = (JournaledAllocator if ranks else BlockAllocator)(self.state.num_blocks)
         max_seqs = cfg.decode.max_num_seqs
         self.scheduler = BatchScheduler(self.allocator, self.state.block_size, max_seqs,
                                         token_budget or cfg.serve.chunk_size)
         self.requests = RequestLifecycle(request_limits(cfg, self.state), self.state.arch.eos_token_ids,
                                          release=self.scheduler.release)
-        # One session runs both phases: decode-only steps replay the decode profile's graphs.
-        profile = dataclasses.replace(cfg.prefill, cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes,
-                                      max_num_seqs=max(cfg.prefill.max_num_seqs, max_seqs))
-        self.session = TorchSession(model, self.state.kv_pool, self.state.block_size, profile)
+        self.session = TorchSession(model, self.state.kv_pool, self.state.block_size, chunked_profile(cfg))
         self.session.warm_up()
         self.session.capture_graphs()
+        if ranks is not None:
+            ranks.pool_ready(self.state.num_blocks)
+            self.session = LeaderSession(self.session, ranks, self.allocator)
         self.step_failures = FailureStreak("engine")
 
     @property
@@ -55,14 +80,23 @@ class EngineCore:
         return self.requests.has_unfinished()
 
     def stats(self) -> EngineStats:
+        free = (self.allocator.num_free, *(self.ranks.follower_free_blocks() if self.ranks else ()))
         return EngineStats(
             num_waiting=len(self.scheduler.waiting),
             num_waiting_tokens=sum(s.num_uncached for s in self.scheduler.waiting),
             num_running=len(self.scheduler.running),
-            kv_blocks_total=self.allocator.num_blocks, kv_blocks_free=self.allocator.num_free,
+            kv_blocks_total=self.allocator.num_blocks, kv_blocks_free=min(free),
+            kv_blocks_free_by_rank=free if self.ranks else (),
             tokens_generated=self.requests.tokens_generated, num_preemptions=self.scheduler.num_preemptions)
 
     def step(self) -> list[RequestOutput]:
+        outputs = self._step()
+        if self.ranks is not None and not self.has_unfinished():
+            # nothing left to carry the last frees to the other ranks
+            self.ranks.sync(self.allocator)
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         reqs = self.requests
         outputs: list[RequestOutput] = []
         for rid in list(reqs.aborted):
@@ -77,7 +111,7 @@ class EngineCore:
         try:
             results = self.session.run([reqs.item(c.seq, c.num_new_tokens) for c in chunks])
         except Exception:
-            if not device_usable(self.session.device):
+            if not device_usable(self.session.device) or (self.ranks is not None and not self.ranks.alive()):
                 raise
             return outputs + self._step_failed(chunks, traceback.format_exc())
         self.step_failures.succeeded()
@@ -105,6 +139,8 @@ class EngineCore:
     def close(self) -> None:
         # Drop the pool and weights now rather than at garbage collection, so a following
         # engine in the same process can size its pool from the freed memory.
+        if self.ranks is not None:
+            self.ranks.close()
         device = self.state.kv_pool.device
         del self.session, self.state
         release_device_memory(device)

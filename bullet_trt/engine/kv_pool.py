@@ -1,6 +1,7 @@
 """The paged KV pool: one tensor holding every layer's K and V blocks.
 
-Layout (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim). One tensor is one
+Layout (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim), where num_kv_heads
+are the heads this rank holds under tensor parallelism (all of them on one rank). One tensor is one
 allocation, so one shared-memory segment on CPU or one CUDA IPC handle on GPU lets another
 process attach the whole pool without copying.
 """
@@ -9,11 +10,12 @@ from __future__ import annotations
 import torch
 
 from bullet_trt.model.arch import ModelArch
+from bullet_trt.model.tensor_parallel import Shard
 
 
-def bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype) -> int:
+def bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype, shard: Shard = Shard()) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
-    return arch.num_layers * 2 * block_size * arch.num_kv_heads * arch.head_dim * elem
+    return arch.num_layers * 2 * block_size * shard.kv_heads(arch)[1] * arch.head_dim * elem
 
 
 def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
@@ -21,8 +23,8 @@ def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
 
 
 def create_kv_pool(arch: ModelArch, num_blocks: int, block_size: int, dtype: torch.dtype,
-                   device: torch.device | str, shared: bool = False) -> torch.Tensor:
-    pool = torch.zeros(arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads,
+                   device: torch.device | str, shared: bool = False, shard: Shard = Shard()) -> torch.Tensor:
+    pool = torch.zeros(arch.num_layers, 2, num_blocks, block_size, shard.kv_heads(arch)[1],
                        arch.head_dim, dtype=dtype, device=device)
     if shared and pool.device.type == "cpu":
         pool.share_memory_()
@@ -31,13 +33,13 @@ def create_kv_pool(arch: ModelArch, num_blocks: int, block_size: int, dtype: tor
 
 def size_pool(arch: ModelArch, block_size: int, dtype: torch.dtype, device: torch.device,
               num_blocks: int, gpu_memory_fraction: float, cpu_pool_mib: int,
-              min_blocks: int) -> int:
+              min_blocks: int, shard: Shard = Shard()) -> int:
     """Number of blocks: the configured count, or what the memory budget holds.
 
     On GPU the budget is ``gpu_memory_fraction`` of the total memory minus what is already
     in use (the weights), so call this after loading the model.
     """
-    per_block = bytes_per_block(arch, block_size, dtype)
+    per_block = bytes_per_block(arch, block_size, dtype, shard)
     if num_blocks:
         count = num_blocks
         budget_hint = "kv.num_blocks"

@@ -65,8 +65,10 @@ class TorchSession(EngineSession):
             model.ops.use_cublaslt()
         from bullet_trt.kernels import reference
         # Graphs need kernels that never sync with the host; the torch reference does.
+        # Under tensor parallelism decode runs eager: graphs that capture the NCCL collectives
+        # are GPU work not done yet (docs/scale-out.md).
         if (use_cuda_graphs and self.device.type == "cuda" and profile.cuda_graph_batch_sizes
-                and model.ops is not reference):
+                and model.ops is not reference and model.shard.single):
             from bullet_trt.engine.cuda_graphs import DecodeGraphs
             self.graphs = DecodeGraphs(model, kv_pool, block_size, profile.cuda_graph_batch_sizes,
                                        profile.max_model_len)

@@ -3,6 +3,9 @@
 `SharedEngineState` pickles through torch.multiprocessing: CPU tensors travel as shared
 memory handles and CUDA tensors as CUDA IPC handles, so a worker process that unpickles it
 maps the same memory instead of copying it.
+
+Under tensor parallelism each rank builds its own: its shard of the weights and a pool of its
+KV heads, with as many blocks as every rank can hold (block ids mean the same on all ranks).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from bullet_trt.engine.session import TorchSession
 from bullet_trt.engine.validation import RequestLimits
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.loader import load_checkpoint, resolve_dtype
+from bullet_trt.model.tensor_parallel import Shard
 from bullet_trt.model.transformer import CausalLM
 
 
@@ -27,15 +31,19 @@ class SharedEngineState:
     kv_pool: torch.Tensor
     block_size: int
     max_model_len: int
+    shard: Shard = Shard()
 
     @property
     def num_blocks(self) -> int:
         return int(self.kv_pool.shape[2])
 
 
-def build_shared_state(cfg: EngineConfig, share: bool = True) -> tuple[SharedEngineState, CausalLM]:
-    """Loads the checkpoint and allocates the pool; returns the state and the loaded model."""
-    device = torch.device(cfg.resolve_device())
+def build_shared_state(cfg: EngineConfig, share: bool = True, tp=None) -> tuple[SharedEngineState, CausalLM]:
+    """Loads the checkpoint and allocates the pool; returns the state and the loaded model.
+    ``tp`` (engine.tp_group.TPGroup): this rank's shard, on its device; every rank of the group
+    calls this together (the ranks agree on the pool's block count)."""
+    device = tp.device if tp is not None else torch.device(cfg.resolve_device())
+    shard = tp.shard if tp is not None else Shard()
     arch = ModelArch.from_checkpoint(cfg.checkpoint_path)
     if cfg.max_model_len > arch.max_position_embeddings:
         raise ValueError(f"max_model_len {cfg.max_model_len} exceeds the checkpoint's "
@@ -47,7 +55,8 @@ def build_shared_state(cfg: EngineConfig, share: bool = True) -> tuple[SharedEng
         raise ValueError(f"kv.block_size must be a power of two on GPU (the Triton attention "
                          f"kernels tile blocks by powers of two), got {bs}")
     dtype = resolve_dtype(arch, cfg.dtype, device)
-    model = CausalLM(arch, dtype, device, max_positions=cfg.max_model_len)
+    model = CausalLM(arch, dtype, device, max_positions=cfg.max_model_len, shard=shard,
+                     group=tp.model_group if tp is not None else None)
     if cfg.dummy_weights:
         model.init_random_weights(cfg.seed)
     else:
@@ -58,14 +67,19 @@ def build_shared_state(cfg: EngineConfig, share: bool = True) -> tuple[SharedEng
             t.share_memory_()
     num_blocks = size_pool(arch, cfg.kv.block_size, dtype, device, cfg.kv.num_blocks,
                            cfg.kv.gpu_memory_fraction, cfg.kv.cpu_pool_mib,
-                           min_blocks=blocks_for_tokens(cfg.max_model_len, cfg.kv.block_size))
-    pool = create_kv_pool(arch, num_blocks, cfg.kv.block_size, dtype, device, shared=share)
-    return SharedEngineState(arch, dtype, weights, pool, cfg.kv.block_size, cfg.max_model_len), model
+                           min_blocks=blocks_for_tokens(cfg.max_model_len, cfg.kv.block_size), shard=shard)
+    if tp is not None:
+        num_blocks = tp.min(num_blocks)
+    pool = create_kv_pool(arch, num_blocks, cfg.kv.block_size, dtype, device, shared=share, shard=shard)
+    state = SharedEngineState(arch, dtype, weights, pool, cfg.kv.block_size, cfg.max_model_len, shard)
+    return state, model
 
 
-def attach_session(state: SharedEngineState, profile: ProfileConfig) -> TorchSession:
-    """A session over already-built weights and pool (in this or another process)."""
-    model = CausalLM(state.arch, state.dtype, "meta", max_positions=state.max_model_len)
+def attach_session(state: SharedEngineState, profile: ProfileConfig, group=None) -> TorchSession:
+    """A session over already-built weights and pool (in this or another process); ``group``:
+    the process group of the state's tensor-parallel ranks, joined in this process."""
+    model = CausalLM(state.arch, state.dtype, "meta", max_positions=state.max_model_len, shard=state.shard,
+                     group=group)
     model.attach_weights(state.weights)
     return TorchSession(model, state.kv_pool, state.block_size, profile)
 

@@ -1,4 +1,5 @@
-"""Loading Hugging Face safetensors checkpoints into CausalLM."""
+"""Loading Hugging Face safetensors checkpoints into CausalLM: the whole model, or under tensor
+parallelism the slices of it that the model's rank holds (read from the file as slices)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,8 @@ import torch
 from safetensors import safe_open
 
 from bullet_trt.model.arch import ModelArch
-from bullet_trt.model.expert_weights import checkpoint_destinations
+from bullet_trt.model.expert_weights import checkpoint_destinations, is_expert_tensor
+from bullet_trt.model.tensor_parallel import Shard
 from bullet_trt.model.transformer import CausalLM
 
 SINGLE_FILE = "model.safetensors"
@@ -59,17 +61,44 @@ def _ignored(name: str, arch: ModelArch) -> bool:
     return name.endswith("rotary_emb.inv_freq") or (arch.tie_word_embeddings and name == "lm_head.weight")
 
 
+def _read(f, name: str, shard: Shard, arch: ModelArch, dest: torch.Tensor, dtype: torch.dtype,
+          path: Path) -> None:
+    """Copies this rank's part of tensor ``name`` into ``dest``, reading only that part."""
+    view = f.get_slice(name)
+    shape = tuple(view.get_shape())
+    part = shard.checkpoint_slice(name, arch)
+    if part is None:
+        if shape != tuple(dest.shape):
+            raise ValueError(f"{path}: tensor {name!r} has shape {shape}, the model expects {tuple(dest.shape)}")
+        dest.copy_(f.get_tensor(name).to(dtype))
+        return
+    expected = list(dest.shape)
+    expected[part.dim] = part.full
+    if shape != tuple(expected):
+        raise ValueError(f"{path}: tensor {name!r} has shape {shape}, the model expects {tuple(expected)}")
+    index = (slice(None),) * part.dim + (slice(part.start, part.stop),)
+    rows = part.stop - part.start
+    # the vocabulary's last range is padded: rows past the vocabulary stay zero
+    target = dest.narrow(part.dim, 0, rows)
+    target.copy_(view[index].to(dtype))
+    if rows < dest.shape[part.dim]:
+        dest.narrow(part.dim, rows, dest.shape[part.dim] - rows).zero_()
+
+
 @torch.no_grad()
 def load_checkpoint(model: CausalLM, checkpoint_dir: str | Path, dtype: torch.dtype) -> None:
-    """Copies every parameter from the checkpoint into ``model``, cast to ``dtype``."""
+    """Copies every parameter from the checkpoint into ``model`` (this rank's part of each under
+    tensor parallelism), cast to ``dtype``."""
     source, files = checkpoint_files(checkpoint_dir)
+    arch, shard = model.arch, model.shard
     # keyed by checkpoint tensor: stacked expert parameters are filled expert by expert
-    params = checkpoint_destinations(dict(model.named_parameters()), files)
+    params = checkpoint_destinations(dict(model.named_parameters()), files, shard.experts(arch)[0])
     for name in params:
         if name not in files:
             raise ValueError(f"{source}: tensor {name!r} is missing from the checkpoint")
     for name, path in files.items():
-        if name not in params and not _ignored(name, model.arch):
+        other_ranks = is_expert_tensor(name, arch.moe_layers, arch.num_experts)
+        if name not in params and not _ignored(name, arch) and not other_ranks:
             raise ValueError(f"{path}: unexpected tensor {name!r} (the model has no such parameter)")
     by_file: dict[Path, list[str]] = {}
     for name in params:
@@ -80,8 +109,4 @@ def load_checkpoint(model: CausalLM, checkpoint_dir: str | Path, dtype: torch.dt
             for name in names:
                 if name not in present:
                     raise ValueError(f"{path}: tensor {name!r} is missing (the index says it is here)")
-                shape = tuple(f.get_slice(name).get_shape())
-                if shape != tuple(params[name].shape):
-                    raise ValueError(f"{path}: tensor {name!r} has shape {shape}, "
-                                     f"the model expects {tuple(params[name].shape)}")
-                params[name].copy_(f.get_tensor(name).to(dtype))
+                _read(f, name, shard, arch, params[name], dtype, path)

@@ -15,6 +15,10 @@ A mixture-of-experts layer (Qwen3-MoE) holds its experts as two stacked paramete
 transformers' names, ``experts.gate_up_proj`` (experts, 2 * inter, hidden) and
 ``experts.down_proj`` (experts, hidden, inter), which the kernels' ``fused_moe`` runs as one
 grouped GEMM over the tokens sorted by expert (docs/moe.md).
+
+Under tensor parallelism (``shard``, model/tensor_parallel.py) every layer is built with this
+rank's share of the heads, columns, experts and vocabulary, and the forward all-reduces after
+the row-parallel projections, the MoE layers and the embedding, and gathers the logits.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 from bullet_trt.kernels import AttentionMetadata, ops_for
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.rope import build_cos_sin_cache
+from bullet_trt.model.tensor_parallel import Collectives, Shard
 
 
 # (module attribute holding the fused view, the HF projections it covers, in order)
@@ -56,6 +61,15 @@ def _fused_linear(x: torch.Tensor, fused: tuple[torch.Tensor, torch.Tensor | Non
     return torch.cat([layer(x) for layer in layers], dim=-1)
 
 
+def _row_parallel(x: torch.Tensor, layer: nn.Linear, tp: Collectives) -> torch.Tensor:
+    """A row-parallel projection: this rank's partial product, summed over the ranks; the
+    bias, which every rank holds, is added once to the sum."""
+    if tp.shard.single:
+        return layer(x)
+    out = tp.all_reduce(F.linear(x, layer.weight))
+    return out if layer.bias is None else out + layer.bias
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -64,11 +78,13 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: ModelArch):
+    def __init__(self, arch: ModelArch, tp: Collectives):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        self.tp = tp
+        self.num_heads, self.num_kv_heads = tp.shard.q_heads(arch)[1], tp.shard.kv_heads(arch)[1]
+        self.head_dim = arch.head_dim
         self.scale = arch.head_dim ** -0.5
-        q_size, kv_size = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+        q_size, kv_size = self.num_heads * arch.head_dim, self.num_kv_heads * arch.head_dim
         self.q_proj = nn.Linear(arch.hidden_size, q_size, bias=arch.attention_bias)
         self.k_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
         self.v_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
@@ -94,80 +110,91 @@ class Attention(nn.Module):
         q, k = ops.apply_rope(q, k, positions, cos_sin)
         ops.write_kv_cache(k, v, kv_cache, meta.slot_mapping)
         out = ops.paged_attention(q, kv_cache, meta, self.scale)
-        return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
+        return _row_parallel(out.reshape(T, self.num_heads * self.head_dim), self.o_proj, self.tp)
 
 
 class MLP(nn.Module):
-    def __init__(self, arch: ModelArch):
+    def __init__(self, arch: ModelArch, tp: Collectives):
         super().__init__()
-        self.gate_proj = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=arch.mlp_bias)
-        self.up_proj = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=arch.mlp_bias)
-        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=arch.mlp_bias)
+        self.tp = tp
+        inter = tp.shard.mlp_columns(arch.intermediate_size)[1]
+        self.gate_proj = nn.Linear(arch.hidden_size, inter, bias=arch.mlp_bias)
+        self.up_proj = nn.Linear(arch.hidden_size, inter, bias=arch.mlp_bias)
+        self.down_proj = nn.Linear(inter, arch.hidden_size, bias=arch.mlp_bias)
         self.gate_up = None  # (weight, bias) views over gate/up when they lie back to back
 
     def forward(self, ops, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(_fused_linear(x, self.gate_up, [self.gate_proj, self.up_proj])))
+        act = ops.silu_and_mul(_fused_linear(x, self.gate_up, [self.gate_proj, self.up_proj]))
+        return _row_parallel(act, self.down_proj, self.tp)
 
 
 class Experts(nn.Module):
-    """The experts of one MoE layer, stacked: this rank's share of them under expert
-    parallelism (``expert_offset`` is the first expert it holds), all of them until then."""
+    """The experts of one MoE layer, stacked: this rank's range of them under tensor
+    parallelism (``expert_offset`` is the first expert it holds), all of them on one rank."""
 
-    def __init__(self, arch: ModelArch):
+    def __init__(self, arch: ModelArch, shard: Shard):
         super().__init__()
-        e, h, inter = arch.num_experts, arch.hidden_size, arch.moe_intermediate_size
+        self.expert_offset, e = shard.experts(arch)
+        h, inter = arch.hidden_size, arch.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * inter, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, inter))
-        self.expert_offset = 0
 
 
 class SparseMoeBlock(nn.Module):
-    """Router (``gate``) and experts of a Qwen3-MoE layer."""
+    """Router (``gate``) and experts of a Qwen3-MoE layer. Under tensor parallelism every rank
+    routes every token and runs the assignments to its own experts; the sum over the ranks is
+    the layer's output."""
 
-    def __init__(self, arch: ModelArch):
+    def __init__(self, arch: ModelArch, tp: Collectives):
         super().__init__()
+        self.tp = tp
         self.gate = nn.Linear(arch.hidden_size, arch.num_experts, bias=False)
-        self.experts = Experts(arch)
+        self.experts = Experts(arch, tp.shard)
         self.top_k, self.renormalize = arch.num_experts_per_tok, arch.norm_topk_prob
 
     def forward(self, ops, x: torch.Tensor) -> torch.Tensor:
         weights, ids = ops.moe_route(self.gate(x), self.top_k, self.renormalize)
         e = self.experts
-        return ops.fused_moe(x, e.gate_up_proj, e.down_proj, weights, ids, e.expert_offset)
+        return self.tp.all_reduce(ops.fused_moe(x, e.gate_up_proj, e.down_proj, weights, ids, e.expert_offset))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, index: int):
+    def __init__(self, arch: ModelArch, index: int, tp: Collectives):
         super().__init__()
-        self.self_attn = Attention(arch)
-        self.mlp = SparseMoeBlock(arch) if arch.is_moe_layer(index) else MLP(arch)
+        self.self_attn = Attention(arch, tp)
+        self.mlp = SparseMoeBlock(arch, tp) if arch.is_moe_layer(index) else MLP(arch, tp)
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
 
 class Model(nn.Module):
-    def __init__(self, arch: ModelArch):
+    def __init__(self, arch: ModelArch, tp: Collectives):
         super().__init__()
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_layers))
+        self.embed_tokens = nn.Embedding(tp.shard.vocab_rows(arch), arch.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(arch, i, tp) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
     """The model. Parameters start uninitialized (built on meta, then placed): fill them with
     ``loader.load_checkpoint``, ``attach_weights`` or ``init_random_weights``.
+
+    ``shard``: the part of the model this rank holds (all of it by default); ``group``: the
+    torch.distributed process group of its ranks (None: the default group).
     """
 
     def __init__(self, arch: ModelArch, dtype: torch.dtype, device: torch.device | str,
-                 max_positions: int | None = None):
+                 max_positions: int | None = None, shard: Shard = Shard(), group=None):
         super().__init__()
-        self.arch, self.dtype = arch, dtype
+        shard.check(arch)
+        self.arch, self.dtype, self.shard = arch, dtype, shard
+        self.tp = Collectives(shard, group)
         self.max_positions = max_positions or arch.max_position_embeddings
         # Built on meta, so no time goes into random init that the loader overwrites anyway.
         with torch.device("meta"):
-            self.model = Model(arch)
+            self.model = Model(arch, self.tp)
             if not arch.tie_word_embeddings:
-                self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+                self.lm_head = nn.Linear(arch.hidden_size, shard.vocab_rows(arch), bias=False)
         self.to(dtype).requires_grad_(False)
         self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
         self._place(torch.device(device))
@@ -228,7 +255,7 @@ class CausalLM(nn.Module):
         kv_caches: (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim).
         """
         ops, m = self.ops, self.model
-        hidden = m.embed_tokens(input_ids)
+        hidden = self._embed(input_ids)
         residual = hidden
         for i, layer in enumerate(m.layers):
             if i == 0:
@@ -243,10 +270,26 @@ class CausalLM(nn.Module):
         hidden, _ = ops.add_rms_norm(hidden, residual, m.norm.weight, m.norm.eps)
         return hidden
 
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' embeddings; split by vocabulary, each rank looks up the tokens of its own
+        range (zero for the others) and the sum over the ranks is every token's row."""
+        table = self.model.embed_tokens.weight
+        if self.shard.single:
+            return F.embedding(input_ids, table)
+        first, count = self.shard.vocab(self.arch)
+        local = input_ids - first
+        inside = (local >= 0) & (local < count)
+        rows = F.embedding(torch.where(inside, local, torch.zeros_like(local)), table)
+        return self.tp.all_reduce(rows * inside.unsqueeze(1).to(rows.dtype))
+
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """float32 logits; with ``out`` (model dtype, (T, vocab)) they are written there in the
+        """float32 logits over the whole vocabulary (gathered from every rank under tensor
+        parallelism); with ``out`` (model dtype, (T, vocab)) they are written there in the
         model's dtype instead, for CUDA graphs that need a fixed output buffer."""
         weight = self.model.embed_tokens.weight if self.arch.tie_word_embeddings else self.lm_head.weight
+        if not self.shard.single:
+            logits = self.tp.gather_vocab(F.linear(hidden, weight), self.arch.vocab_size)
+            return logits.float() if out is None else out.copy_(logits)
         if out is None:
             return F.linear(hidden, weight).float()
         return torch.matmul(hidden, weight.t(), out=out)
@@ -284,7 +327,8 @@ class CausalLM(nn.Module):
     def init_random_weights(self, seed: int = 0) -> None:
         """Random weights for engines without a trained checkpoint (dummy weights), drawn on
         the model's device (an 8B model in seconds on a GPU) and scaled so activations keep
-        unit size through the layers."""
+        unit size through the layers. A tensor-parallel rank draws each whole tensor and keeps
+        its slice, so that its shard is the one-rank model's, whatever the number of ranks."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
@@ -292,4 +336,12 @@ class CausalLM(nn.Module):
             elif name.endswith(".bias"):
                 p.zero_()
             else:
-                p.normal_(0.0, 1.0 if "embed_tokens" in name else p.shape[-1] ** -0.5, generator=gen)
+                part = self.shard.checkpoint_slice(name, self.arch)
+                shape = list(p.shape)
+                if part is not None:
+                    shape[part.dim] = part.full
+                whole = p if part is None else p.new_empty(shape)
+                whole.normal_(0.0, 1.0 if "embed_tokens" in name else shape[-1] ** -0.5, generator=gen)
+                if part is not None:
+                    rows = part.stop - part.start
+                    p.zero_().narrow(part.dim, 0, rows).copy_(whole.narrow(part.dim, part.start, rows))

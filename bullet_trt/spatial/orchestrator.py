@@ -10,6 +10,12 @@ which rows join (prompts just prefilled) and leave. Whenever the prefill worker 
 policy picks the split and the prompts to admit. Decode runs on the complement of the
 prefill partition while a prefill is in flight, and on the whole GPU otherwise. Modes:
 `bullet` (dynamic split), `static` (one fixed split for both phases).
+
+With parallel.tensor_parallel_size N > 1 this orchestrator is rank 0: it starts N - 1 rank
+followers (engine/tp_ranks.py, spatial/rank_follower.py), each of which starts a prefill and a
+decode worker on its own GPU; each of this orchestrator's workers hands the messages it takes
+to the same worker of the other ranks (rank_mirror.py), so the split and the batches it
+decides run on every rank in the same iteration.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import torch.multiprocessing as mp
 
 from bullet_trt.config import ConfigError, EngineConfig
 from bullet_trt.engine.block_allocator import BlockAllocator
+from bullet_trt.engine.block_journal import JournaledAllocator
 from bullet_trt.engine.kv_pool import blocks_for_tokens
 from bullet_trt.engine.lifecycle import RequestLifecycle
 from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput
@@ -28,8 +35,10 @@ from bullet_trt.engine.sequence import SeqStatus, Sequence
 from bullet_trt.engine.session import SampleResult
 from bullet_trt.engine.shared_state import build_shared_state, release_device_memory, request_limits
 from bullet_trt.engine.step_failure import FailureStreak, last_line, report
+from bullet_trt.engine.tp_group import Rendezvous
+from bullet_trt.engine.tp_ranks import TensorParallelRanks
 from bullet_trt.protocol import (BatchDone, BatchFailed, DecodeStep, DecodeStepFailed, RowsLeft, SmSplit,
-                                 WorkerFatal)
+                                 WorkerFatal, WorkerPlan)
 from bullet_trt.spatial.decode_rows import DecodeRows
 from bullet_trt.spatial.iteration_log import IterationLog
 from bullet_trt.spatial.partitioners import make_partitioner
@@ -49,14 +58,29 @@ class PrefillJob:
     predicted_ms: float = 0.0
 
 
+FOLLOWER = "bullet_trt.spatial.rank_follower:run_spatial_follower"
+ROLES = ("prefill", "decode")
+
+
 class SpatialEngine:
     def __init__(self, cfg: EngineConfig):
         self.cfg = cfg
+        tp = cfg.parallel.tensor_parallel_size > 1
+        self.ranks = TensorParallelRanks(cfg, FOLLOWER) if tp else None
+        try:
+            self._build(cfg)
+        except BaseException:
+            if self.ranks is not None:
+                self.ranks.close()
+            raise
+
+    def _build(self, cfg: EngineConfig) -> None:
         s = cfg.serve
-        self.state, model = build_shared_state(cfg, share=True)
+        ranks = self.ranks
+        self.state, model = build_shared_state(cfg, share=True, tp=ranks.group if ranks else None)
         del model  # the workers attach the shared weights
         device = self.state.kv_pool.device
-        self.allocator = BlockAllocator(self.state.num_blocks)
+        self.allocator = (JournaledAllocator if ranks else BlockAllocator)(self.state.num_blocks)
         self.queues = SpatialQueues(self.allocator, self.state.block_size)
         self.requests = RequestLifecycle(request_limits(cfg, self.state), self.state.arch.eos_token_ids,
                                          release=self._release)
@@ -75,8 +99,18 @@ class SpatialEngine:
         self.results = ctx.Queue()
         self.decode_epoch = ctx.RawValue("q", 0)  # the split epoch the decode worker runs at
         static_split = self.splits[0] if static and self.splits else None
-        self.prefill, self.decode = (self._start_worker(role, profile, static_split)
-                                     for role, profile in (("prefill", cfg.prefill), ("decode", cfg.decode)))
+        envs = {role: self._worker_env(role, static_split) for role in ROLES}
+        rendezvous = {role: None for role in ROLES}
+        if ranks is not None:
+            rendezvous = {role: Rendezvous.new(ranks.size) for role in ROLES}
+            ranks.group.broadcast(WorkerPlan(self.partitioner.name, self.splits, envs, rendezvous))
+        self.prefill, self.decode = (
+            SessionWorker(role, self.state, profile, self.partitioner.name, self.splits, envs[role],
+                          outbox=self.results, decode_epoch=self.decode_epoch,
+                          tp=(rendezvous[role], 0) if ranks is not None else None)
+            for role, profile in zip(ROLES, (cfg.prefill, cfg.decode)))
+        if ranks is not None:
+            ranks.pool_ready(self.state.num_blocks)
         self.static_split = SmSplit(self.total_sms, static_split)
         self.prefilling: PrefillJob | None = None  # on the prefill partition
         self.fused: PrefillJob | None = None  # riding in decode's next step
@@ -103,12 +137,11 @@ class SpatialEngine:
                               f"{self.total_sms} SMs; lower it")
         return splits
 
-    def _start_worker(self, role: str, profile, static_split: int | None) -> SessionWorker:
+    def _worker_env(self, role: str, static_split: int | None) -> dict:
         env = self.partitioner.worker_env(role, static_split)
         if self.cfg.serve.libsmctrl_path:
             env["LIBSMCTRL_PATH"] = self.cfg.serve.libsmctrl_path
-        return SessionWorker(role, self.state, profile, self.partitioner.name, self.splits, env,
-                             outbox=self.results, decode_epoch=self.decode_epoch)
+        return env
 
     def _load_perf_model(self, device) -> PerfModel:
         """The calibrated model of the engine directory, else uncalibrated defaults that the
@@ -137,9 +170,11 @@ class SpatialEngine:
 
     def stats(self) -> EngineStats:
         q = self.queues
+        free = (self.allocator.num_free, *(self.ranks.follower_free_blocks() if self.ranks else ()))
         return EngineStats(num_waiting=len(q.waiting), num_waiting_tokens=sum(s.num_uncached for s in q.waiting),
                            num_running=len(q.running),
-                           kv_blocks_total=self.allocator.num_blocks, kv_blocks_free=self.allocator.num_free,
+                           kv_blocks_total=self.allocator.num_blocks, kv_blocks_free=min(free),
+                           kv_blocks_free_by_rank=free if self.ranks else (),
                            tokens_generated=self.requests.tokens_generated, num_preemptions=q.num_preemptions,
                            prefill_sms=self.last_sms[0], decode_sms=self.last_sms[1])
 
@@ -147,6 +182,13 @@ class SpatialEngine:
         return self.requests.fail_all(message)
 
     def step(self) -> list[RequestOutput]:
+        outputs = self._step()
+        if self.ranks is not None:
+            # the followers count the blocks given and taken back; when idle, before the next stats
+            self.ranks.sync(self.allocator, wait=not self.has_unfinished())
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         outputs = self._apply_aborts()
         if self.prefilling is None and self.fused is None:  # one prefill at a time
             self._launch_prefill()
@@ -163,6 +205,8 @@ class SpatialEngine:
     def close(self) -> None:
         self.prefill.close()
         self.decode.close()
+        if self.ranks is not None:
+            self.ranks.close()
         self.log.close()
         device = self.state.kv_pool.device
         del self.state
@@ -342,6 +386,8 @@ class SpatialEngine:
                 for w in (self.prefill, self.decode):
                     if not w.alive():
                         raise WorkerDied(f"{w.name} worker exited with code {w.proc.exitcode}")
+                if self.ranks is not None and not self.ranks.alive():
+                    raise WorkerDied("a tensor-parallel rank follower exited")
                 continue
             block = False
             received = time.monotonic()

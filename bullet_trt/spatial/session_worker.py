@@ -11,6 +11,10 @@ A step that raises is reported and the worker goes on: BatchFailed for a prefill
 DecodeStepFailed with its rows for a decode step (those rows leave the batch). When the
 device's context is broken it reports WorkerFatal and exits instead
 (bullet_trt/engine/step_failure.py).
+
+Under tensor parallelism every rank has a prefill and a decode worker on its own GPU; the
+workers of one role form a group, whose rank 0 (the orchestrator's) hands the messages it
+takes to the others (rank_mirror.py), so that all of them run every step together.
 """
 from __future__ import annotations
 
@@ -25,10 +29,13 @@ import torch.multiprocessing as mp
 from bullet_trt.engine.gc_freeze import freeze_startup_objects
 from bullet_trt.engine.shared_state import attach_session
 from bullet_trt.engine.step_failure import device_usable
+from bullet_trt.engine.tp_group import TPGroup
+from bullet_trt.engine.tp_ranks import exit_with_parent
 from bullet_trt.protocol import (BatchDone, BatchFailed, DecodeStep, DecodeStepFailed, DecodeUpdate, RowsLeft,
                                  RunBatch, SmSplit, StopWorker, WorkerFatal, WorkerReady, WorkerSetup)
 from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
 from bullet_trt.spatial.partitioners import make_partitioner
+from bullet_trt.spatial.rank_mirror import FollowerOutbox, RankMirror
 
 
 class WorkerDied(RuntimeError):
@@ -39,12 +46,16 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
     # Before anything touches CUDA: MPS reads its thread percentage at context creation,
     # and unpickling the CUDA IPC handles below creates the context.
     os.environ.update(env)
+    group = None
     try:
         setup: WorkerSetup = inbox.get()
         state, profile, partitioner_kind, splits = setup.state, setup.profile, setup.partitioner, setup.splits
         if setup.threads:
             torch.set_num_threads(setup.threads)
-        session = attach_session(state, profile)
+        if setup.tp is not None:
+            rendezvous, rank = setup.tp
+            group = TPGroup.join(rendezvous, rank, state.kv_pool.device)
+        session = attach_session(state, profile, group=group.model_group if group else None)
         device = state.kv_pool.device
         spatial = device.type == "cuda" and partitioner_kind != "none"
         # A static MPS split is the one split it is given; two workers outside MPS only
@@ -62,6 +73,10 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
     except Exception:
         outbox.put(WorkerFatal(name, traceback.format_exc()))
         return
+    mirror = RankMirror(inbox, group)
+    if not mirror.leads:
+        outbox = FollowerOutbox(outbox)
+        exit_with_parent()  # it waits on rank 0's worker, not on its inbox
     batch = PersistentDecodeBatch(state.block_size, part.total_sms)
     last_step_end: float | None = None
     stepped = False  # whether rows stepped last time round: likely they can step again
@@ -69,15 +84,12 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
     while True:
         # Block on the inbox only when no row stepped; otherwise take what is there. (When
         # the rows that stepped cannot step again, the next round finds none and blocks.)
-        try:
-            msg = inbox.get(timeout=1.0) if not stepped else inbox.get_nowait()
-        except queue.Empty:
-            msg = None
-            if parent is not None and not parent.is_alive():  # orphaned: free the GPU
-                outbox.cancel_join_thread()
-                return
+        msgs = mirror.take(block=not stepped)
+        if not msgs and parent is not None and not parent.is_alive():
+            outbox.cancel_join_thread()  # orphaned: free the GPU
+            return
         left: list[int] = []
-        while msg is not None:
+        for msg in msgs:
             match msg:
                 case StopWorker():
                     return
@@ -97,10 +109,6 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                             outbox.put(WorkerFatal(name, traceback.format_exc()))
                             return
                         outbox.put(BatchFailed(name, traceback.format_exc()))
-            try:
-                msg = inbox.get_nowait()
-            except queue.Empty:
-                msg = None
         ran = batch.runnable()
         prompts = batch.take_prompts()
         stepped = bool(ran)
@@ -204,7 +212,8 @@ class SessionWorker:
 
     def __init__(self, name: str, state, profile, partitioner_kind: str = "none",
                  splits: list[int] | None = None, env: dict | None = None, outbox=None,
-                 threads: int | None = None, start_timeout_s: float = 300.0, decode_epoch=None):
+                 threads: int | None = None, start_timeout_s: float = 300.0, decode_epoch=None,
+                 tp: tuple | None = None):
         ctx = mp.get_context("spawn")
         self.name = name
         self.inbox = ctx.Queue()
@@ -215,8 +224,10 @@ class SessionWorker:
                                 name=f"bullet-{name}", daemon=True)
         self.proc.start()
         if threads is None and state.kv_pool.device.type == "cpu":
-            threads = max(1, (os.cpu_count() or 2) // 2)
-        self.inbox.put(WorkerSetup(state, profile, threads, partitioner_kind, list(splits or [])))
+            # the cores shared out among the two workers of every rank
+            threads = max(1, (os.cpu_count() or 2) // (2 * state.shard.size))
+        # tp: (Rendezvous, rank) of this role's workers on every rank (rank_mirror.py)
+        self.inbox.put(WorkerSetup(state, profile, threads, partitioner_kind, list(splits or []), tp))
         ready = self._receive(start_timeout_s)
         if not isinstance(ready, WorkerReady):
             raise WorkerDied(f"{name} worker failed to start:\n{getattr(ready, 'trace', ready)}")

@@ -4,7 +4,8 @@
     bullet_time_per_output_token_seconds   histogram  per request: (last - first token) / (n - 1)
     bullet_requests_waiting                gauge      queued in the engine, not yet scheduled
     bullet_requests_running                gauge      holding KV blocks in the engine
-    bullet_kv_blocks_used / _free          gauge      the paged KV pool
+    bullet_kv_blocks_used / _free          gauge      the paged KV pool (free: the fewest of any rank's)
+    bullet_kv_blocks_free_by_rank          gauge      by rank: each tensor-parallel rank's pool
     bullet_generation_tokens_total         counter    tokens generated since start
     bullet_preemptions_total               counter    sequences preempted for KV space
     bullet_requests_finished_total         counter    by reason: stop, length, abort, error, rejected
@@ -43,7 +44,7 @@ NAMES = (
     "bullet_requests_waiting", "bullet_requests_running", "bullet_kv_blocks_used",
     "bullet_kv_blocks_free", "bullet_generation_tokens_total", "bullet_preemptions_total",
     "bullet_requests_finished_total", "bullet_engine_ready", "bullet_prefill_sms", "bullet_decode_sms",
-    "bullet_requests_refused_total",
+    "bullet_requests_refused_total", "bullet_kv_blocks_free_by_rank",
 )
 
 
@@ -104,6 +105,10 @@ class Metrics:
         self.decode_sms = make(NAMES[11], "SMs of the last decode iteration (bullet and static modes)", G)
         self.refused_total = make(NAMES[12], "Requests refused at once (UNAVAILABLE) because the engine's "
                                   "queue held serve.max_queue requests or serve.max_queue_tokens prompt tokens", C)
+        # one per rank, made when the first stats say how many ranks there are
+        self._rank_free = lambda rank: make(NAMES[13], "KV-cache blocks free in this tensor-parallel rank's pool",
+                                            G, {"rank": str(rank)})
+        self.kv_free_by_rank: list = []
 
     def _family(self, fam, name, description, kind):
         for known_name, family in self._families:
@@ -136,6 +141,12 @@ class Metrics:
             self._set("running", self.running, s.num_running)
             self._set("kv_used", self.kv_used, s.kv_blocks_total - s.kv_blocks_free)
             self._set("kv_free", self.kv_free, s.kv_blocks_free)
+            for rank, free in enumerate(s.kv_blocks_free_by_rank):
+                if rank == len(self.kv_free_by_rank):
+                    if self._closed:
+                        break  # a metric made now would outlive the families close() dropped
+                    self.kv_free_by_rank.append(self._rank_free(rank))
+                self._set(f"kv_free_rank{rank}", self.kv_free_by_rank[rank], free)
             self._set("prefill_sms", self.prefill_sms, getattr(s, "prefill_sms", 0))
             self._set("decode_sms", self.decode_sms, getattr(s, "decode_sms", 0))
             if s.tokens_generated > self._tokens:

@@ -1,0 +1,148 @@
+"""Tensor parallelism on CPU: two ranks, each a process of its own joined over torch.distributed
+(gloo), give the tokens one process gives, through the chunked engine and through Bullet's
+workers (two per rank); every rank's KV pool gives back each block it lent."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bullet_trt.config import ConfigError
+from bullet_trt.engine.block_journal import BlockReplica, JournaledAllocator
+from bullet_trt.engine.request import NewRequest
+from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt.engine.session import BatchItem
+from bullet_trt.model.arch import ModelArch
+from bullet_trt.model.tensor_parallel import Shard
+from bullet_trt.serving.llm import LLM
+from bullet_trt.serving.memory_plan import kv_heads_per_rank
+from tests.test_engine import engine_dir_for, prompts
+
+TP2 = {"parallel.tensor_parallel_size": 2}
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+SEEDED = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=11, ignore_eos=True)
+
+# KV heads split (2 of them over 2 ranks) and replicated (1 for both ranks); experts split by
+# range; a vocabulary that does not split evenly (the last rank's rows padded), tied to the
+# lm_head, with the row-parallel projections' biases added once after the all-reduce
+VARIANTS = ["llama", "llama-1kv", "qwen3_moe", "llama-odd-vocab"]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    made = {}
+
+    def get(variant: str):
+        if variant not in made:
+            made[variant] = engine_dir_for(tmp_path_factory, variant)[0]
+        return made[variant]
+    return get
+
+
+def generate(engine, batch, params, **overrides):
+    with LLM(str(engine), **overrides) as llm:
+        out = [c.token_ids for c in llm.generate_token_ids(batch, params)]
+        return out, llm.engine.stats(), llm.engine
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_two_ranks_give_the_tokens_of_one(engines, variant):
+    engine = engines(variant)
+    batch = prompts(5, seed=3)
+    params = [GREEDY, SEEDED, GREEDY, SEEDED, GREEDY]
+    ref, _, _ = generate(engine, batch, params)
+    out, stats, core = generate(engine, batch, params, **TP2)
+    assert out == ref
+    total = stats.kv_blocks_total
+    assert stats.kv_blocks_free_by_rank == (total, total)
+    follower = core.ranks.procs[0]
+    assert follower.pid != os.getpid() and follower.exitcode == 0  # stopped with the engine
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen3_moe"])
+def test_bullet_with_two_ranks_gives_the_tokens_of_one(engines, variant):
+    """Each rank has its own prefill and decode worker; rank 0's workers hand the others the
+    batches, decode updates and splits they take, so all four run the steps the one
+    orchestrator decided."""
+    from bullet_trt.serving.triton.process_tree import descendants
+
+    engine = engines(variant)
+    batch = prompts(6, seed=21)
+    params = [GREEDY, SEEDED] * 3
+    ref, _, _ = generate(engine, batch, params)
+    with LLM(str(engine), **{**TP2, "serve.mode": "bullet"}) as llm:
+        out = [c.token_ids for c in llm.generate_token_ids(batch, params)]
+        stats = llm.engine.stats()
+        follower = llm.engine.ranks.procs[0]
+        follower_workers = [pid for pid, parent, _ in descendants(follower.pid) if parent == follower.pid]
+        own_workers = {llm.engine.prefill.pid, llm.engine.decode.pid}
+    assert out == ref
+    assert len(follower_workers) == 2 and not own_workers & set(follower_workers)
+    total = stats.kv_blocks_total
+    assert stats.kv_blocks_free_by_rank == (total, total)
+
+
+def test_abort_frees_the_blocks_of_every_rank(engines):
+    with LLM(str(engines("llama")), **TP2) as llm:
+        core = llm.engine
+        for i, ids in enumerate(prompts(3)):
+            core.add_request(NewRequest(f"r{i}", ids, SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)))
+        core.step()
+        core.step()
+        total = core.stats().kv_blocks_total
+        held = core.stats().kv_blocks_free_by_rank
+        assert held[0] == held[1] < total  # rank 1 counts the blocks rank 0 lent
+        core.abort_request("r1")
+        finished = {o.request_id: o.finish_reason for o in core.step() if o.finished}
+        assert finished == {"r1": "abort"}
+        while core.has_unfinished():
+            core.step()
+        assert core.stats().kv_blocks_free_by_rank == (total, total)
+
+
+def test_sizes_that_do_not_split_the_model_are_refused_before_any_rank_starts(engines):
+    engine = engines("llama")  # 4 attention heads, 2 KV heads
+    with pytest.raises(ValueError, match="does not divide the 4 attention heads"):
+        LLM(str(engine), **{"parallel.tensor_parallel_size": 3})
+    with pytest.raises(ConfigError, match="tensor_parallel_size must be >= 1"):
+        LLM(str(engine), **{"parallel.tensor_parallel_size": 0})
+
+
+def test_shards_hold_the_kv_heads_their_q_heads_read():
+    arch = ModelArch.from_hf_dict({"architectures": ["LlamaForCausalLM"], "vocab_size": 1001, "hidden_size": 64,
+                                   "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 8,
+                                   "num_key_value_heads": 2, "max_position_embeddings": 64})
+    group = arch.num_heads // arch.num_kv_heads  # q heads per KV head
+    for size in (1, 2, 4, 8):
+        shards = [Shard(r, size) for r in range(size)]
+        for s in shards:
+            s.check(arch)
+            first, count = s.q_heads(arch)
+            kv_first, kv_count = s.kv_heads(arch)
+            assert {h // group for h in range(first, first + count)} <= set(range(kv_first, kv_first + kv_count))
+            assert kv_count == kv_heads_per_rank(arch, size)  # what the memory plan sizes
+        # the vocabulary's ranges cover it once, in order
+        ranges = [s.vocab(arch) for s in shards]
+        assert [f for f, _ in ranges] == [sum(n for _, n in ranges[:i]) for i in range(size)]
+        assert sum(n for _, n in ranges) == arch.vocab_size
+    with pytest.raises(ValueError, match="KV heads"):
+        Shard(0, 3).check(ModelArch.from_hf_dict({**{"architectures": ["LlamaForCausalLM"], "vocab_size": 8,
+                                                     "hidden_size": 48, "intermediate_size": 96,
+                                                     "num_hidden_layers": 1, "max_position_embeddings": 8},
+                                                  "num_attention_heads": 6, "num_key_value_heads": 2}))
+
+
+def test_a_replica_follows_the_journal_and_refuses_what_it_does_not_hold():
+    leader, replica = JournaledAllocator(8), BlockReplica(8)
+    a, b = leader.allocate(3), leader.allocate(2)
+    leader.free(a)
+    replica.replay(leader.take_journal())
+    assert replica.num_free == leader.num_free == 6 and leader.take_journal() == []
+    greedy = SamplingParams(temperature=0)
+    replica.check([BatchItem("b", [1], 0, b, greedy, True)])
+    with pytest.raises(RuntimeError, match="holds as free"):
+        replica.check([BatchItem("a", [1], 0, a, greedy, True)])
+    with pytest.raises(RuntimeError, match="holds as taken"):
+        replica.replay([(True, b)])
+    with pytest.raises(RuntimeError, match="holds as free"):
+        replica.replay([(False, a)])
