@@ -146,3 +146,22 @@ def test_a_replica_follows_the_journal_and_refuses_what_it_does_not_hold():
         replica.replay([(True, b)])
     with pytest.raises(RuntimeError, match="holds as free"):
         replica.replay([(False, a)])
+
+
+def test_the_tp_flag_sets_the_tensor_parallel_size(engines, capsys):
+    """`--tp N` of generate, serve and bench serve is --set parallel.tensor_parallel_size=N."""
+    from bullet_trt.tools.bench.serve_bench import build_parser, server_settings
+    from bullet_trt.tools.cli import main
+
+    engine = str(engines("llama"))
+    generate = ["generate", "--engine-dir", engine, "--prompt", "Hello there", "--max-tokens", "8", "--ignore-eos"]
+    assert main(generate) == 0
+    one = capsys.readouterr().out
+    assert main(generate + ["--tp", "2"]) == 0
+    assert capsys.readouterr().out == one and one.strip()
+    assert main(["serve", "--engine-dir", engine, "--dry-run", "--no-openai", "--tp", "2"]) == 0
+    assert '"parallel.tensor_parallel_size": "2"' in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="does not divide"):
+        main(["serve", "--engine-dir", engine, "--dry-run", "--no-openai", "--tp", "3"])
+    sets = server_settings(build_parser().parse_args(["--tp", "2", "--set", "serve.chunk_size=64"]))
+    assert sets["parallel.tensor_parallel_size"] == "2" and sets["serve.chunk_size"] == "64"

@@ -2,8 +2,8 @@
 
     bullet-trt serve [--engine-dir DIR] [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
                      [--openai-port 9000 --api-key KEY --chat-template FILE | --no-openai]
-                     [--set key=value ...] [-- extra tritonserver flags]
-    bullet-trt generate [--engine-dir DIR] --prompt "Hello" [--max-tokens 32 --temperature 0 ...]
+                     [--tp N] [--set key=value ...] [-- extra tritonserver flags]
+    bullet-trt generate [--engine-dir DIR] --prompt "Hello" [--max-tokens 32 --temperature 0 --tp N ...]
 """
 from __future__ import annotations
 
@@ -16,11 +16,19 @@ from pathlib import Path
 from bullet_trt.config import ConfigError, parse_overrides
 
 
-def parse_sets(items: list[str] | None) -> dict[str, str]:
+def parse_sets(items: list[str] | None, tp: int | None = None) -> dict[str, str]:
+    """--set KEY=VALUE items; --tp N is --set parallel.tensor_parallel_size=N."""
     try:
-        return parse_overrides(items)
+        sets = parse_overrides(items)
     except ConfigError as e:
         raise SystemExit(str(e))
+    if tp is not None:
+        sets["parallel.tensor_parallel_size"] = str(tp)
+    return sets
+
+
+TP_HELP = ("tensor-parallel GPUs (ranks) serving the model, cuda:0..N-1 (the same as --set "
+           "parallel.tensor_parallel_size=N; docs/scale-out.md)")
 
 
 def default_engine(command: str) -> Path:
@@ -38,11 +46,15 @@ def cmd_serve(args) -> int:
     from bullet_trt.config import load_engine_config
     from bullet_trt.serving.triton import server
 
-    overrides = parse_sets(args.set)
+    overrides = parse_sets(args.set, args.tp)
     engine_dir = Path(args.engine_dir) if args.engine_dir else default_engine("serve")
     # Fail here, with a readable message, rather than inside the server's model load.
     try:
-        load_engine_config(engine_dir, overrides)
+        cfg = load_engine_config(engine_dir, overrides)
+        if cfg.parallel.tensor_parallel_size > 1:  # whether the ranks split the model
+            from bullet_trt.model.arch import ModelArch
+            from bullet_trt.model.tensor_parallel import Shard
+            Shard(0, cfg.parallel.tensor_parallel_size).check(ModelArch.from_checkpoint(cfg.checkpoint_path))
     except ValueError as e:  # ConfigError names the key
         raise SystemExit(f"bullet-trt serve: {e}")
     extra = list(args.tritonserver_args or [])
@@ -133,7 +145,7 @@ def cmd_generate(args) -> int:
     from bullet_trt import LLM, SamplingParams
     from bullet_trt.engine.validation import validate_params
 
-    overrides = parse_sets(args.set)
+    overrides = parse_sets(args.set, args.tp)
     prompts = list(args.prompt or [])
     if args.prompt_file:
         prompts += [line.rstrip("\n") for line in Path(args.prompt_file).read_text().splitlines() if line.strip()]
@@ -208,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-port", type=int, default=8002)
     s.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="engine configuration override, e.g. serve.mode=chunked or kv.cpu_pool_mib=256")
+    s.add_argument("--tp", type=int, metavar="N", help=TP_HELP)
     s.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose level")
     s.add_argument("--no-explicit", action="store_true",
                    help="do not use --model-control-mode=explicit (the model then cannot unload itself "
@@ -237,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--echo", action="store_true", help="print the prompt before the completion")
     g.add_argument("--set", action="append", metavar="KEY=VALUE", help="engine configuration override")
+    g.add_argument("--tp", type=int, metavar="N", help=TP_HELP)
     g.set_defaults(func=cmd_generate)
 
     for name, (candidates, help_text) in EXTERNAL.items():

@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--modes", default="chunked,bullet,static", help="serve.mode values to compare (default all three)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="engine configuration override for the started servers (repeatable)")
+    s.add_argument("--tp", type=int, metavar="N",
+                   help="tensor-parallel GPUs of the started servers (= --set parallel.tensor_parallel_size=N)")
     s.add_argument("--server-start-timeout-s", type=float, default=900.0)
     ap.add_argument("--compare", metavar="DIR", default=None,
                     help="only rebuild summary.md and the plots from the JSON files in DIR (re-scored with "
@@ -87,10 +89,11 @@ def server_settings(args) -> dict[str, str]:
     """The configuration overrides of the servers `--start-server` starts: the SLOs the run is
     scored against, when given, become the SLOs the spatial policies plan for (a server that
     plans for 50 ms while it is judged at 40 ms would be measured out of its configuration);
-    an explicit --set of either still wins."""
+    an explicit --set of either still wins; --tp sets the tensor-parallel size."""
     slos = {key: f"{value:g}" for key, value in (("serve.ttft_slo_ms", args.ttft_slo_ms),
                                                  ("serve.tpot_slo_ms", args.tpot_slo_ms)) if value is not None}
-    return {**slos, **parse_overrides(args.set)}
+    tp = {} if args.tp is None else {"parallel.tensor_parallel_size": str(args.tp)}
+    return {**slos, **parse_overrides(args.set), **tp}
 
 
 def sweep_started_servers(args, workloads: list[ds.Workload], out_dir: Path, tokenizer, note: str) -> None:
