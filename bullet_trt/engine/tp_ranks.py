@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from bullet_trt.config import ConfigError, EngineConfig
 from bullet_trt.engine.block_journal import JournaledAllocator
 from bullet_trt.engine.session import BatchItem, EngineSession, SampleResult
-from bullet_trt.engine.tp_group import Rendezvous, TPGroup, rank_device
+from bullet_trt.engine.tp_group import NO_MULTICAST, Rendezvous, TPGroup, rank_device
 from bullet_trt.engine.tp_messages import RankStep, RankStop
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.tensor_parallel import Shard
@@ -59,6 +59,8 @@ class TensorParallelRanks:
         self.free_counts = ctx.Array("q", size, lock=False)  # each follower's free KV blocks
         on_cpu = cfg.resolve_device() == "cpu"
         threads = cpu_threads(size) if on_cpu else 0
+        # Every process below inherits it, workers too; each rank sets it again before NCCL.
+        os.environ.update(NO_MULTICAST)
         # Not daemons: a spatial follower starts worker processes of its own. They end with
         # this process (atexit below, or their own watch on it).
         self.procs = [ctx.Process(target=follower_main, name=f"bullet-rank{rank}", daemon=False,

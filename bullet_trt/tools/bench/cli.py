@@ -2,7 +2,7 @@
 mixture-of-experts kernels and an MoE engine against them), serve (load
 generator against a running server), hf-peer (transformers' continuous batching on the same
 workload), decode-profile (where a decode step's time goes), overlap (how disjoint prefill and
-decode were, from an iteration log)."""
+decode were, from an iteration log), tp (the all-reduce and the decode step over N GPUs)."""
 from __future__ import annotations
 
 import importlib
@@ -15,6 +15,7 @@ KINDS = {
     "hf-peer": "bullet_trt.tools.bench.hf_peer",
     "decode-profile": "bullet_trt.tools.bench.decode_profile",
     "overlap": "bullet_trt.tools.bench.split_overlap",
+    "tp": "bullet_trt.tools.bench.tp_bench",
 }
 
 
