@@ -165,3 +165,32 @@ def test_the_tp_flag_sets_the_tensor_parallel_size(engines, capsys):
         main(["serve", "--engine-dir", engine, "--dry-run", "--no-openai", "--tp", "3"])
     sets = server_settings(build_parser().parse_args(["--tp", "2", "--set", "serve.chunk_size=64"]))
     assert sets["parallel.tensor_parallel_size"] == "2" and sets["serve.chunk_size"] == "64"
+
+
+def test_dummy_weights_of_a_rank_are_its_slice_of_the_one_rank_model():
+    """Each rank draws every tensor whole from the seed and keeps its slice, so a dummy-weight
+    engine is one model at any number of ranks (tests/gpu compares their tokens on the
+    Llama-3.1-8B shape)."""
+    import torch
+
+    from bullet_trt.model.transformer import CausalLM
+
+    arch = ModelArch.from_hf_dict({"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 101, "hidden_size": 32,
+                                   "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                   "num_key_value_heads": 1, "head_dim": 8, "max_position_embeddings": 64,
+                                   "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                                   "mlp_only_layers": [0]})
+    whole = CausalLM(arch, torch.float32, "cpu")
+    whole.init_random_weights(5)
+    full = dict(whole.named_parameters())
+    for rank in range(2):
+        shard = Shard(rank, 2)
+        part = CausalLM(arch, torch.float32, "cpu", shard=shard)
+        part.init_random_weights(5)
+        for name, p in part.named_parameters():
+            piece = shard.checkpoint_slice(name, arch)
+            want = full[name] if piece is None else full[name].narrow(piece.dim, piece.start, piece.stop - piece.start)
+            got = p if piece is None else p.narrow(piece.dim, 0, piece.stop - piece.start)
+            assert torch.equal(got, want), name
+            if piece is not None and got.shape != p.shape:
+                assert not p.narrow(piece.dim, got.shape[piece.dim], p.shape[piece.dim] - got.shape[piece.dim]).any()
