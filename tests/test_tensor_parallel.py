@@ -194,3 +194,27 @@ def test_dummy_weights_of_a_rank_are_its_slice_of_the_one_rank_model():
             assert torch.equal(got, want), name
             if piece is not None and got.shape != p.shape:
                 assert not p.narrow(piece.dim, got.shape[piece.dim], p.shape[piece.dim] - got.shape[piece.dim]).any()
+
+
+def test_device_sizing_sizes_a_rank_from_its_share():
+    """Llama-3.1-70B on 139.8 GiB GPUs: one cannot hold it; each of two ranks holds half the
+    weights and its KV heads' pool (the rows docs/large-runs.md plans), and its decode step
+    reads half the bytes, so more rows fit the TPOT budget."""
+    from bullet_trt.config import EngineConfig
+    from bullet_trt.model.presets import PRESETS
+    from bullet_trt.serving.device_sizing import size_for
+    from bullet_trt.spatial.perf_model import ModelCost
+
+    arch = ModelArch.from_hf_dict(PRESETS["llama-3.1-70b"])
+    notes, rows = {}, {}
+    for tp in (1, 2):
+        cfg = EngineConfig(dtype="bfloat16")
+        cfg.parallel.tensor_parallel_size = tp
+        notes[tp] = size_for(cfg, arch, int(139.8 * 2**30), 132)[0]
+        rows[tp] = cfg.decode.max_num_seqs
+    assert "memory 0," in notes[1] and "memory 679," in notes[2]
+    assert rows[2] > rows[1]
+    cost = ModelCost.from_arch(arch, 2)
+    half = cost.per_rank(2, kv_heads_per_rank(arch, 2), arch.num_kv_heads)
+    assert half.weight_bytes == cost.weight_bytes / 2 and half.kv_bytes_per_token == cost.kv_bytes_per_token / 2
+    assert cost.per_rank(1, arch.num_kv_heads, arch.num_kv_heads) is cost

@@ -18,7 +18,7 @@ import sys
 
 from bullet_trt.config import EngineConfig
 from bullet_trt.model.arch import ModelArch
-from bullet_trt.serving.memory_plan import TYPICAL_CONTEXT, plan_rank
+from bullet_trt.serving.memory_plan import TYPICAL_CONTEXT, kv_heads_per_rank, plan_rank
 from bullet_trt.spatial.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel
 
 # Decode batch sizes with a CUDA graph: dense where batches are small (each padded row
@@ -32,9 +32,11 @@ GPU_CHUNK_TOKENS = 2048  # chunked mode's best measured chunk on an H100 (docs/b
 def decode_rows(cfg: EngineConfig, arch: ModelArch, total_memory: int, total_sms: int,
                 dtype_bytes: int) -> tuple[int, str]:
     """The decode slots for this device, and which bound chose them."""
-    cost = ModelCost.from_arch(arch, dtype_bytes)
+    tp = cfg.parallel.tensor_parallel_size
+    # a tensor-parallel rank: its share of the step's work, its pool beside its share of the weights
+    cost = ModelCost.from_arch(arch, dtype_bytes).per_rank(tp, kv_heads_per_rank(arch, tp), arch.num_kv_heads)
     context = min(cfg.max_model_len, TYPICAL_CONTEXT)
-    by_memory = plan_rank(arch, dtype_bytes, 1, total_memory, cfg.kv.gpu_memory_fraction, context).rows
+    by_memory = plan_rank(arch, dtype_bytes, tp, total_memory, cfg.kv.gpu_memory_fraction, context).rows
     perf_file = cfg.resolve_path(PERF_MODEL_FILE)
     perf = PerfModel.load(perf_file, cost) if perf_file.is_file() else PerfModel.default(cost, total_sms, True)
     budget_ms = cfg.serve.tpot_slo_ms * cfg.serve.tpot_plan_fraction

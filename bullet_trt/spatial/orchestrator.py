@@ -146,7 +146,9 @@ class SpatialEngine:
     def _load_perf_model(self, device) -> PerfModel:
         """The calibrated model of the engine directory, else uncalibrated defaults that the
         online correction then pulls toward measured times."""
-        cost = ModelCost.from_arch(self.state.arch, self.state.kv_pool.element_size())
+        arch, shard = self.state.arch, self.state.shard
+        cost = ModelCost.from_arch(arch, self.state.kv_pool.element_size()).per_rank(
+            shard.size, shard.kv_heads(arch)[1], arch.num_kv_heads)
         path = self.cfg.resolve_path(PERF_MODEL_FILE)
         if path.is_file():
             return PerfModel.load(path, cost)

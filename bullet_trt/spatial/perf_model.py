@@ -35,7 +35,7 @@ ShareGPT-like load that pinned prefill to 24 SMs while the queue grew to 450 pro
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -77,6 +77,17 @@ class ModelCost:
                          expert_bytes=moe * expert * dtype_bytes,
                          num_experts=arch.num_experts if moe else 0,
                          experts_per_token=arch.num_experts_per_tok if moe else 0)
+
+    def per_rank(self, tp: int, kv_heads_per_rank: int, num_kv_heads: int) -> "ModelCost":
+        """One tensor-parallel rank's share: 1/tp of the weights, FLOPs, attention and the
+        experts hit (a rank holds 1/tp of the experts), and the KV of the heads it keeps
+        (replicated ones included). The all-reduces between the ranks are not counted: the
+        online correction absorbs them until a calibration under tensor parallelism exists."""
+        if tp == 1:
+            return self
+        return replace(self, weight_bytes=self.weight_bytes / tp, flops_per_token=self.flops_per_token / tp,
+                       kv_bytes_per_token=self.kv_bytes_per_token * kv_heads_per_rank / num_kv_heads,
+                       attn_flops_per_pair=self.attn_flops_per_pair / tp, expert_bytes=self.expert_bytes / tp)
 
     def experts_hit(self, tokens: float) -> float:
         """Experts of one MoE layer that `tokens` tokens are expected to reach, if each token's
