@@ -119,7 +119,8 @@ class TorchSession(EngineSession):
         ops = self.model.ops
         arch = self.model.arch
         if hasattr(ops, "compile_decode_variants"):
-            ops.compile_decode_variants(arch.num_heads, arch.num_kv_heads, arch.head_dim,
+            attn = self.model.model.layers[0].self_attn  # this rank's heads under tensor parallelism
+            ops.compile_decode_variants(attn.num_heads, attn.num_kv_heads, arch.head_dim,
                                         self.model.dtype, bs, self.device)
         if arch.moe_layers and hasattr(ops, "compile_moe_variants"):
             # the large-prefill tile form, which the short warm-up steps above never pick

@@ -3,7 +3,7 @@ collectives. What tests/test_tensor_parallel.py checks over gloo on CPU, here on
 kernels and NCCL, and on the Llama-3.1-8B shape. Skipped with fewer than two GPUs; on a
 machine of two:
 
-    bash scripts/gpu_run.sh tests tests/gpu/test_tensor_parallel.py
+    bash scripts/gpu_run.sh tests tests/gpu/test_tensor_parallel_gpu.py
 
 (gpu_run.sh exports NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1, and every rank
 sets them again before NCCL starts). Tokens must match exactly, so the models run in float32:
