@@ -55,6 +55,10 @@ class ServeConfig:
     # device's memory and the performance model, for each of those keys not given as an
     # override (bullet_trt/serving/device_sizing.py); engine: engine.yaml's values as they are.
     sizing: str = "auto"
+    # auto: on a GPU with no calibration of the performance model for it in the engine
+    # directory, the server measures the GPU once before it loads the model and stores the
+    # result there (bullet_trt/serving/calibrate_on_start.py); off: uncalibrated defaults.
+    calibrate: str = "auto"
     ttft_slo_ms: float = 1000.0
     tpot_slo_ms: float = 50.0
     partitioner: str = "auto"  # auto | green | libsmctrl | mps | none
@@ -181,6 +185,8 @@ class EngineConfig:
             raise ConfigError(f"serve.mode must be auto, chunked, bullet or static, got {s.mode!r}")
         if s.sizing not in ("auto", "engine"):
             raise ConfigError(f"serve.sizing must be auto or engine, got {s.sizing!r}")
+        if s.calibrate not in ("auto", "off"):
+            raise ConfigError(f"serve.calibrate must be auto or off, got {s.calibrate!r}")
         if s.ttft_slo_ms <= 0 or s.tpot_slo_ms <= 0:
             raise ConfigError("serve.ttft_slo_ms and serve.tpot_slo_ms must be > 0, got "
                               f"{s.ttft_slo_ms} and {s.tpot_slo_ms}")

@@ -19,8 +19,9 @@
 #       Env: RATES (12,18,24,30), DATASET (sharegpt), LOAD ("--duration 12"),
 #       TTFT_SLO / TPOT_SLO (ms, 1000 / 50), STATIC_SMS (64), EXTRA (more bench serve args),
 #       CALIBRATE ("--set k=v ...": calibrate the engine first with the decode profile the
-#       server runs, and keep perf_model.yaml / perf_profile.json in $OUT; otherwise the H200
-#       calibration in docs/data is used).
+#       server runs, and keep perf_model.<gpu>.yaml / perf_profile.<gpu>.json in $OUT;
+#       otherwise the H200 calibration in docs/data is used on an H200, and another GPU is
+#       calibrated by the first server that starts on it, serve.calibrate=auto).
 #   bash scripts/gpu_run.sh run CMD [ARGS...]
 #       any command in the same environment, with `python` the interpreter set up here and
 #       OUT and ENGINE (the dummy Llama-3.1-8B, built) exported, e.g.
@@ -243,7 +244,7 @@ case "$cmd" in
     if [ -n "${CALIBRATE:-}" ]; then
       # shellcheck disable=SC2086 # CALIBRATE is a list of --set arguments
       "$PY" build_engines.py --profile --out "$ENGINE" $CALIBRATE 2>&1 | tail -3 || die "calibration failed"
-      cp "$ENGINE/perf_model.yaml" "$ENGINE/perf_profile.json" "$out/"
+      cp "$ENGINE"/perf_model.*.yaml "$ENGINE"/perf_profile.*.json "$out/"
     elif [ ! -f "$ENGINE/perf_model.yaml" ]; then
       cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$ENGINE/perf_model.yaml"
     fi

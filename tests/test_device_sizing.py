@@ -11,11 +11,13 @@ import pytest
 from bullet_trt.config import EngineConfig, apply_overrides
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.presets import PRESETS
-from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS, decode_rows, size_for
+from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS, GpuFacts, decode_rows, size_for
 from bullet_trt.serving.modes import resolve_mode
 
 GiB = 2**30
 H200_CALIBRATION = Path(__file__).resolve().parents[1] / "docs/data/perf_model_h200_llama-3.1-8b.yaml"
+H200 = GpuFacts("NVIDIA H200", 141 * GiB, 132)  # the GPU the calibration above was measured on
+H100 = GpuFacts("NVIDIA H100 80GB HBM3", 80 * GiB, 132)  # not calibrated: sized from defaults
 
 
 def config(tmp_path, overrides=None, calibrated=True) -> EngineConfig:
@@ -32,8 +34,8 @@ def llama8b() -> ModelArch:
 
 
 def test_an_8b_model_gets_the_slots_its_kv_fits_on_an_h100_and_the_largest_measured_on_an_h200(tmp_path, llama8b):
-    h100, why100 = decode_rows(config(tmp_path), llama8b, 80 * GiB, 132, 2)
-    h200, why200 = decode_rows(config(tmp_path), llama8b, 141 * GiB, 132, 2)
+    h100, why100 = decode_rows(config(tmp_path), llama8b, H100, 2)
+    h200, why200 = decode_rows(config(tmp_path), llama8b, H200, 2)
     # KV of one 512-token row of Llama-3.1-8B: 64 MiB; 80 GiB * 0.85 less 16 GB of weights
     # holds ~850 such rows, 141 GiB ~1680
     assert why100.startswith("memory") and h100 == 768
@@ -42,20 +44,20 @@ def test_an_8b_model_gets_the_slots_its_kv_fits_on_an_h100_and_the_largest_measu
 
 
 def test_the_tpot_slo_bounds_the_slots_when_memory_does_not(tmp_path, llama8b):
-    roomy, _ = decode_rows(config(tmp_path), llama8b, 141 * GiB, 132, 2)
-    tight, why = decode_rows(config(tmp_path, {"serve.tpot_slo_ms": 15}), llama8b, 141 * GiB, 132, 2)
+    roomy, _ = decode_rows(config(tmp_path), llama8b, H200, 2)
+    tight, why = decode_rows(config(tmp_path, {"serve.tpot_slo_ms": 15}), llama8b, H200, 2)
     assert why.startswith("TPOT") and tight < roomy
 
 
 def test_sizing_sets_what_no_override_names_and_keeps_the_rest(tmp_path, llama8b):
     cfg = config(tmp_path)
-    notes = size_for(cfg, llama8b, 141 * GiB, 132)
+    notes = size_for(cfg, llama8b, H200)
     assert cfg.decode.max_num_seqs == cfg.decode.max_num_batched_tokens == 1024
     assert cfg.decode.cuda_graph_batch_sizes == list(GRAPH_BUCKETS)
     assert cfg.serve.chunk_size == 2048 and len(notes) == 3
 
     kept = config(tmp_path, {"decode.max_num_seqs": "256", "serve.chunk_size": "1024"})
-    size_for(kept, llama8b, 141 * GiB, 132)
+    size_for(kept, llama8b, H200)
     assert kept.decode.max_num_seqs == 256 and kept.serve.chunk_size == 1024
     assert kept.decode.cuda_graph_batch_sizes[-1] == 256  # graphs follow the slots given
 

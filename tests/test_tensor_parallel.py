@@ -202,7 +202,7 @@ def test_device_sizing_sizes_a_rank_from_its_share():
     reads half the bytes, so more rows fit the TPOT budget."""
     from bullet_trt.config import EngineConfig
     from bullet_trt.model.presets import PRESETS
-    from bullet_trt.serving.device_sizing import size_for
+    from bullet_trt.serving.device_sizing import GpuFacts, size_for
     from bullet_trt.spatial.perf_model import ModelCost
 
     arch = ModelArch.from_hf_dict(PRESETS["llama-3.1-70b"])
@@ -210,7 +210,7 @@ def test_device_sizing_sizes_a_rank_from_its_share():
     for tp in (1, 2):
         cfg = EngineConfig(dtype="bfloat16")
         cfg.parallel.tensor_parallel_size = tp
-        notes[tp] = size_for(cfg, arch, int(139.8 * 2**30), 132)[0]
+        notes[tp] = size_for(cfg, arch, GpuFacts("NVIDIA H200", int(139.8 * 2**30), 132))[0]
         rows[tp] = cfg.decode.max_num_seqs
     assert "memory 0," in notes[1] and "memory 679," in notes[2]
     assert rows[2] > rows[1]

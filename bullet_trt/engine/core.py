@@ -86,7 +86,7 @@ class EngineCore:
             num_waiting_tokens=sum(s.num_uncached for s in self.scheduler.waiting),
             num_running=len(self.scheduler.running),
             kv_blocks_total=self.allocator.num_blocks, kv_blocks_free=min(free),
-            kv_blocks_free_by_rank=free if self.ranks else (),
+            kv_blocks_free_by_rank=free,
             tokens_generated=self.requests.tokens_generated, num_preemptions=self.scheduler.num_preemptions)
 
     def step(self) -> list[RequestOutput]:

@@ -49,7 +49,7 @@ class EngineStats:
     num_running: int = 0
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0  # under tensor parallelism: the fewest of any rank's pool
-    kv_blocks_free_by_rank: tuple[int, ...] = ()  # each rank's, rank 0 first (tensor parallelism only)
+    kv_blocks_free_by_rank: tuple[int, ...] = ()  # each rank's, rank 0 first (one entry without tensor parallelism)
     tokens_generated: int = 0  # since start
     num_preemptions: int = 0
     prefill_sms: int = 0  # SMs of the last prefill / decode iteration (spatial modes)

@@ -7,7 +7,7 @@ those keys that no override names is set here, inside the engine process, from:
 
 - memory: the KV pool's share of the device (kv.gpu_memory_fraction less the weights) over
   a typical decoding row's context bounds how many rows can hold their KV at once;
-- time: the performance model (the engine's calibration, else its uncalibrated defaults)
+- time: the performance model (the engine's calibration for this GPU, else uncalibrated defaults)
   bounds the rows whose decode step on the whole GPU stays within decode's share of the
   TPOT SLO;
 - and the largest batch measured (1024 rows): beyond it nothing was checked.
@@ -15,11 +15,13 @@ those keys that no override names is set here, inside the engine process, from:
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 from bullet_trt.config import EngineConfig
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.serving.memory_plan import TYPICAL_CONTEXT, kv_heads_per_rank, plan_rank
-from bullet_trt.spatial.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel
+from bullet_trt.spatial.calibration_store import load_perf_model
+from bullet_trt.spatial.perf_model import ModelCost
 
 # Decode batch sizes with a CUDA graph: dense where batches are small (each padded row
 # costs a whole row's attention), every 64-128 rows above.
@@ -29,16 +31,22 @@ MAX_DECODE_ROWS = 1024  # the largest decode batch calibrated and served so far
 GPU_CHUNK_TOKENS = 2048  # chunked mode's best measured chunk on an H100 (docs/benchmarks.md)
 
 
-def decode_rows(cfg: EngineConfig, arch: ModelArch, total_memory: int, total_sms: int,
-                dtype_bytes: int) -> tuple[int, str]:
+@dataclass(frozen=True)
+class GpuFacts:
+    name: str  # picks the calibration (bullet_trt/spatial/calibration_store.py)
+    total_memory: int  # bytes
+    total_sms: int
+
+
+def decode_rows(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts, dtype_bytes: int) -> tuple[int, str]:
     """The decode slots for this device, and which bound chose them."""
+    total_memory, total_sms = gpu.total_memory, gpu.total_sms
     tp = cfg.parallel.tensor_parallel_size
     # a tensor-parallel rank: its share of the step's work, its pool beside its share of the weights
     cost = ModelCost.from_arch(arch, dtype_bytes).per_rank(tp, kv_heads_per_rank(arch, tp), arch.num_kv_heads)
     context = min(cfg.max_model_len, TYPICAL_CONTEXT)
     by_memory = plan_rank(arch, dtype_bytes, tp, total_memory, cfg.kv.gpu_memory_fraction, context).rows
-    perf_file = cfg.resolve_path(PERF_MODEL_FILE)
-    perf = PerfModel.load(perf_file, cost) if perf_file.is_file() else PerfModel.default(cost, total_sms, True)
+    perf, _ = load_perf_model(cfg.engine_dir, cost, gpu.name, total_sms)
     budget_ms = cfg.serve.tpot_slo_ms * cfg.serve.tpot_plan_fraction
     by_time = max([b for b in GRAPH_BUCKETS if perf.decode_ms(b, b * context, total_sms) <= budget_ms],
                   default=1)
@@ -55,16 +63,16 @@ def size_for_device(cfg: EngineConfig) -> list[str]:
     import torch
 
     props = torch.cuda.get_device_properties(torch.device(cfg.resolve_device()))
-    return size_for(cfg, ModelArch.from_checkpoint(cfg.checkpoint_path), props.total_memory,
-                    props.multi_processor_count)
+    gpu = GpuFacts(props.name, props.total_memory, props.multi_processor_count)
+    return size_for(cfg, ModelArch.from_checkpoint(cfg.checkpoint_path), gpu)
 
 
-def size_for(cfg: EngineConfig, arch: ModelArch, total_memory: int, total_sms: int) -> list[str]:
-    """size_for_device for a GPU of total_memory bytes and total_sms SMs."""
+def size_for(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts) -> list[str]:
+    """size_for_device for the GPU described by gpu."""
     dtype_bytes = 4 if cfg.dtype == "float32" else 2
     given = set(cfg.overridden)
     notes = []
-    rows, why = decode_rows(cfg, arch, total_memory, total_sms, dtype_bytes)
+    rows, why = decode_rows(cfg, arch, gpu, dtype_bytes)
     if "decode.max_num_seqs" not in given:
         cfg.decode.max_num_seqs = rows
         notes.append(f"decode.max_num_seqs={rows} (bound: {why})")

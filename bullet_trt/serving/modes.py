@@ -6,6 +6,7 @@ import sys
 
 from bullet_trt.config import EngineConfig
 from bullet_trt.engine.core import EngineCore
+from bullet_trt.serving.calibrate_on_start import ensure_calibrated
 from bullet_trt.serving.device_sizing import report, size_for_device
 from bullet_trt.spatial.orchestrator import SpatialEngine
 
@@ -34,6 +35,8 @@ def create_engine(cfg: EngineConfig) -> EngineCore | SpatialEngine:
 
 
 def create_served_engine(cfg: EngineConfig) -> EngineCore | SpatialEngine:
-    """The engine behind a server: sized for the GPU it runs on (serve.sizing), then built."""
+    """The engine behind a server: its GPU calibrated if it was not (serve.calibrate), sized
+    for that GPU (serve.sizing), then built."""
+    ensure_calibrated(cfg)
     report(size_for_device(cfg))
     return create_engine(cfg)

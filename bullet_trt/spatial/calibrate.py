@@ -2,25 +2,29 @@
 
 Times real engine steps (prefill of packed prompts, decode steps over paged contexts) on
 green-context partitions of several SM counts, fits the roofline coefficients on 70% of the
-points and reports the median absolute error on the held-out 30%. Writes perf_model.yaml
-(coefficients, errors) and perf_profile.json (every point) into the engine directory.
+points and reports the median absolute error on the held-out 30%. Writes
+perf_model.<gpu>.yaml (coefficients, errors) and perf_profile.<gpu>.json (every point) into
+the engine directory, named for the GPU measured (bullet_trt/spatial/calibration_store.py).
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import random
 import statistics
+import sys
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from bullet_trt.config import load_engine_config
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.session import BatchItem, TorchSession
 from bullet_trt.engine.shared_state import build_shared_state
-from bullet_trt.spatial.perf_model import (PERF_MODEL_FILE, ModelCost, PrefillShape, ProfilePoint,
-                                             fit, median_abs_pct_error)
+from bullet_trt.spatial.calibration_store import calibration_file, profile_file
+from bullet_trt.spatial.perf_model import ModelCost, PrefillShape, ProfilePoint, fit, median_abs_pct_error
 
 PREFILL_TOKENS = (128, 512, 1024, 2048, 4096)
 # (batch, context per sequence). Serving decodes up to the decode profile's max_num_seqs rows,
@@ -62,25 +66,29 @@ def profile_items(lengths: list[int], decode: bool, block_size: int) -> list[Bat
 
 def measure(session: TorchSession, streams: dict[int, torch.cuda.Stream], block_size: int,
             max_len: int, pool_blocks: int, max_batch: int) -> list[ProfilePoint]:
+    prefills = [t for t in PREFILL_TOKENS if t <= max_len and -(-t // block_size) <= pool_blocks]
+    decodes = [(b, c) for b, c in DECODE_SHAPES
+               if b <= max_batch and c <= max_len and b * -(-c // block_size) <= pool_blocks]
     points = []
     set_num_sms = getattr(session.model.ops, "set_num_sms", None)
+    bar = tqdm(total=len(streams) * (len(prefills) + len(decodes)), desc="calibrating", unit="step shape",
+               file=sys.stderr, dynamic_ncols=True)
     for sms, stream in sorted(streams.items()):
         if set_num_sms is not None:  # kernels and cuBLASLt plan for the partition, as in the workers
             set_num_sms(sms)
-        for tokens in PREFILL_TOKENS:
-            if tokens > max_len or -(-tokens // block_size) > pool_blocks:
-                continue
+        bar.set_postfix_str(f"{sms} SMs")
+        for tokens in prefills:
             items = profile_items([tokens], False, block_size)
             ms = time_ms(lambda: session.run(items), stream)
             shape = PrefillShape.of([tokens])
             points.append(ProfilePoint("prefill", sms, ms, num_tokens=tokens, attn_pairs=shape.attn_pairs))
-        for batch, ctx in DECODE_SHAPES:
-            if batch > max_batch or ctx > max_len or batch * -(-ctx // block_size) > pool_blocks:
-                continue
+            bar.update()
+        for batch, ctx in decodes:
             items = profile_items([ctx] * batch, True, block_size)
             ms = time_ms(lambda: session.run(items), stream)
             points.append(ProfilePoint("decode", sms, ms, batch=batch, total_ctx=batch * ctx))
-        print(f"  measured {sms} SMs", flush=True)
+            bar.update()
+    bar.close()
     if set_num_sms is not None:
         set_num_sms(None)
     return points
@@ -114,7 +122,8 @@ def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (3
     bounds the decode batches measured)."""
     cfg, state, session, streams = measurement_setup(engine_dir, sm_counts, overrides)
     total = max(streams)
-    print(f"calibrating on {torch.cuda.get_device_name()} ({total} SMs) at {sorted(streams)} SMs", flush=True)
+    gpu = torch.cuda.get_device_name()
+    print(f"calibrating on {gpu} ({total} SMs) at {sorted(streams)} SMs", file=sys.stderr, flush=True)
     points = measure(session, streams, state.block_size, cfg.max_model_len, state.num_blocks,
                      cfg.decode.max_num_seqs)
     rng = random.Random(seed)
@@ -124,12 +133,28 @@ def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (3
     train, held_out = shuffled[:cut], shuffled[cut:]
     cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size())
     model_fit = fit(cost, total, train)
-    report = {"gpu": torch.cuda.get_device_name(), "total_sms": total, "points": len(points),
+    report = {"gpu": gpu, "total_sms": total, "points": len(points),
               "train_median_abs_pct_error": round(median_abs_pct_error(model_fit, train), 2),
               "held_out_median_abs_pct_error": round(median_abs_pct_error(model_fit, held_out), 2)}
-    model_fit.save(Path(engine_dir) / PERF_MODEL_FILE, extra={"calibration": report})
-    (Path(engine_dir) / "perf_profile.json").write_text(json.dumps(
+    model_fit.save(calibration_file(engine_dir, gpu), extra={"calibration": report})
+    profile_file(engine_dir, gpu).write_text(json.dumps(
         {"report": report, "points": [vars(p) for p in points],
          "held_out": [points.index(p) for p in held_out]}, indent=1))
     print(json.dumps(report), flush=True)
     return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A separate process, so that the measurement's memory and CUDA context are gone before
+    a server loads the model (bullet_trt/serving/calibrate_on_start.py)."""
+    ap = argparse.ArgumentParser(prog="python -m bullet_trt.spatial.calibrate", description=__doc__)
+    ap.add_argument("engine_dir", type=Path)
+    ap.add_argument("--overrides", default="{}",
+                    help="JSON object of dotted configuration keys the server will run with")
+    args = ap.parse_args(argv)
+    calibrate_engine_dir(args.engine_dir, overrides=json.loads(args.overrides))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

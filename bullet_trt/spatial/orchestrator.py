@@ -20,9 +20,11 @@ decides run on every rank in the same iteration.
 from __future__ import annotations
 
 import queue
+import sys
 import time
 from dataclasses import dataclass
 
+import torch
 import torch.multiprocessing as mp
 
 from bullet_trt.config import ConfigError, EngineConfig
@@ -39,10 +41,11 @@ from bullet_trt.engine.tp_group import Rendezvous
 from bullet_trt.engine.tp_ranks import TensorParallelRanks
 from bullet_trt.protocol import (BatchDone, BatchFailed, DecodeStep, DecodeStepFailed, RowsLeft, SmSplit,
                                  WorkerFatal, WorkerPlan)
+from bullet_trt.spatial.calibration_store import load_perf_model
 from bullet_trt.spatial.decode_rows import DecodeRows
 from bullet_trt.spatial.iteration_log import IterationLog
 from bullet_trt.spatial.partitioners import make_partitioner
-from bullet_trt.spatial.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel, PrefillShape
+from bullet_trt.spatial.perf_model import ModelCost, PerfModel, PrefillShape
 from bullet_trt.spatial.policy import Decision, PolicyState, SloConfig, WaitingPrompt, bullet_policy, static_policy
 from bullet_trt.spatial.queues import SpatialQueues
 from bullet_trt.spatial.session_worker import SessionWorker, WorkerDied
@@ -144,15 +147,15 @@ class SpatialEngine:
         return env
 
     def _load_perf_model(self, device) -> PerfModel:
-        """The calibrated model of the engine directory, else uncalibrated defaults that the
-        online correction then pulls toward measured times."""
+        """The engine directory's calibration for this GPU, else uncalibrated defaults that
+        the online correction then pulls toward measured times."""
         arch, shard = self.state.arch, self.state.shard
         cost = ModelCost.from_arch(arch, self.state.kv_pool.element_size()).per_rank(
             shard.size, shard.kv_heads(arch)[1], arch.num_kv_heads)
-        path = self.cfg.resolve_path(PERF_MODEL_FILE)
-        if path.is_file():
-            return PerfModel.load(path, cost)
-        return PerfModel.default(cost, self.total_sms, on_gpu=device.type == "cuda")
+        gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        perf, note = load_perf_model(self.cfg.engine_dir, cost, gpu_name, self.total_sms)
+        print(f"bullet_trt: performance model: {note}", file=sys.stderr, flush=True)
+        return perf
 
     # -- the engine interface ---------------------------------------------------------------
     @property
@@ -176,7 +179,7 @@ class SpatialEngine:
         return EngineStats(num_waiting=len(q.waiting), num_waiting_tokens=sum(s.num_uncached for s in q.waiting),
                            num_running=len(q.running),
                            kv_blocks_total=self.allocator.num_blocks, kv_blocks_free=min(free),
-                           kv_blocks_free_by_rank=free if self.ranks else (),
+                           kv_blocks_free_by_rank=free,
                            tokens_generated=self.requests.tokens_generated, num_preemptions=q.num_preemptions,
                            prefill_sms=self.last_sms[0], decode_sms=self.last_sms[1])
 

@@ -5,7 +5,7 @@
     bullet_requests_waiting                gauge      queued in the engine, not yet scheduled
     bullet_requests_running                gauge      holding KV blocks in the engine
     bullet_kv_blocks_used / _free          gauge      the paged KV pool (free: the fewest of any rank's)
-    bullet_kv_blocks_free_by_rank          gauge      by rank: each tensor-parallel rank's pool
+    bullet_kv_blocks_free_by_rank          gauge      by rank: each tensor-parallel rank's pool (rank 0 alone without TP)
     bullet_generation_tokens_total         counter    tokens generated since start
     bullet_preemptions_total               counter    sequences preempted for KV space
     bullet_requests_finished_total         counter    by reason: stop, length, abort, error, rejected

@@ -1,0 +1,63 @@
+"""serve.calibrate=auto: a server on a GPU its engine directory has no calibration for
+measures that GPU once, before it loads the model, and stores the result next to the engine.
+
+Without it the Bullet policy plans splits from uncalibrated defaults, or, as happened on an
+H100 served with the H200's calibration, from another GPU's figures (docs/benchmarks.md).
+The measurement runs in a child process, so its memory and CUDA context are gone before the
+server allocates its own; if it fails the server still starts, on the defaults, and says so.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+from bullet_trt.config import EngineConfig
+from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS
+from bullet_trt.spatial.calibration_store import calibration_file, find_calibration
+
+
+def calibration_overrides(cfg: EngineConfig) -> dict:
+    """The run's own overrides, with decode batches up to the largest a sized server may pick
+    (its graphs too: a decode step measured without one is not the step served)."""
+    given = {key: functools.reduce(getattr, key.split("."), cfg) for key in cfg.overridden}
+    sized = {"decode.max_num_seqs": MAX_DECODE_ROWS, "decode.max_num_batched_tokens": MAX_DECODE_ROWS,
+             "decode.cuda_graph_batch_sizes": list(GRAPH_BUCKETS)}
+    return {**sized, **given}
+
+
+def needs_calibration(cfg: EngineConfig) -> str | None:
+    """Why this server should calibrate first, or None."""
+    if cfg.serve.calibrate == "off" or cfg.resolve_device() == "cpu":
+        return None
+    if cfg.parallel.tensor_parallel_size > 1:
+        # a rank's step includes collectives that one GPU cannot measure (docs/scale-out.md)
+        return None
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.device(cfg.resolve_device()))
+    found = find_calibration(cfg.engine_dir, props.name, props.multi_processor_count)
+    return None if found.path is not None else found.note
+
+
+def ensure_calibrated(cfg: EngineConfig) -> None:
+    reason = needs_calibration(cfg)
+    if reason is None:
+        return
+    import torch
+
+    target = calibration_file(cfg.engine_dir, torch.cuda.get_device_name(torch.device(cfg.resolve_device())))
+    if not os.access(cfg.engine_dir, os.W_OK):
+        print(f"bullet_trt: {reason}, and the engine directory is read-only: uncalibrated defaults "
+              f"(calibrate with `bullet-trt build --profile --out {cfg.engine_dir}`)", file=sys.stderr, flush=True)
+        return
+    print(f"bullet_trt: {reason}: measuring this GPU once for the performance model, into {target} "
+          "(serve.calibrate=off skips this)", file=sys.stderr, flush=True)
+    done = subprocess.run([sys.executable, "-m", "bullet_trt.spatial.calibrate", str(cfg.engine_dir),
+                           "--overrides", json.dumps(calibration_overrides(cfg))],
+                          stdout=sys.stderr, stderr=sys.stderr)
+    if done.returncode != 0:
+        print(f"bullet_trt: calibration failed (exit {done.returncode}); serving on uncalibrated defaults",
+              file=sys.stderr, flush=True)

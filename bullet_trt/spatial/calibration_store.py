@@ -1,0 +1,68 @@
+"""Which calibration of the performance model fits the GPU the engine runs on.
+
+A calibration holds for the GPU it was measured on: an H100 and an H200 have the same 132
+SMs but different memory bandwidth, and the two rank bullet's and chunked's rates
+differently (docs/benchmarks.md). An engine directory therefore keeps one calibration per
+GPU model, ``perf_model.<gpu>.yaml`` (``perf_model.nvidia-h100-80gb-hbm3.yaml``), and the
+server takes the one of the GPU it runs on. A plain ``perf_model.yaml`` is still read: as
+it is when it names no GPU (written by hand), and only on its own GPU when it names one.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from bullet_trt.spatial.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel
+
+
+def gpu_slug(gpu_name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
+
+
+def calibration_file(engine_dir: str | Path, gpu_name: str) -> Path:
+    return Path(engine_dir) / f"perf_model.{gpu_slug(gpu_name)}.yaml"
+
+
+def profile_file(engine_dir: str | Path, gpu_name: str) -> Path:
+    """Every point the calibration measured, next to it."""
+    return Path(engine_dir) / f"perf_profile.{gpu_slug(gpu_name)}.json"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    path: Path | None  # None: no calibration fits; the uncalibrated defaults stand in
+    note: str  # what was chosen and why, for the server's log
+
+
+def find_calibration(engine_dir: str | Path, gpu_name: str, total_sms: int) -> Calibration:
+    own = calibration_file(engine_dir, gpu_name)
+    if own.is_file():
+        return Calibration(own, f"calibrated on {gpu_name} ({own.name})")
+    plain = Path(engine_dir) / PERF_MODEL_FILE
+    if not plain.is_file():
+        return Calibration(None, f"no calibration for {gpu_name}")
+    data = yaml.safe_load(plain.read_text()) or {}
+    measured_on = (data.get("calibration") or {}).get("gpu")
+    measured_sms = (data.get("coeffs") or {}).get("total_sms")
+    if measured_on is not None and measured_on != gpu_name:
+        return Calibration(None, f"no calibration for {gpu_name} ({plain.name} was measured on {measured_on})")
+    if measured_sms is not None and measured_sms != total_sms:
+        # the same GPU model cut into a MIG slice, or a green context the server was started in
+        return Calibration(None, f"no calibration for {total_sms} SMs ({plain.name} was measured on {measured_sms})")
+    return Calibration(plain, f"calibration {plain.name}" + (f" ({measured_on})" if measured_on else ""))
+
+
+def load_perf_model(engine_dir: str | Path, cost: ModelCost, gpu_name: str | None,
+                    total_sms: int) -> tuple[PerfModel, str]:
+    """The performance model for this device (gpu_name None: the CPU) and a line saying
+    where it came from. Without a fitting calibration, uncalibrated defaults that the online
+    correction then pulls toward measured times."""
+    if gpu_name is None:
+        return PerfModel.default(cost, total_sms, on_gpu=False), "CPU: uncalibrated defaults"
+    found = find_calibration(engine_dir, gpu_name, total_sms)
+    if found.path is None:
+        return PerfModel.default(cost, total_sms, on_gpu=True), f"{found.note}: uncalibrated defaults"
+    return PerfModel.load(found.path, cost), found.note

@@ -1,0 +1,81 @@
+"""Per-GPU calibrations: an engine directory keeps one performance-model calibration per GPU
+model and a server takes its own GPU's, never another GPU's (an H100 was once served with
+the H200's figures). The measurement itself needs a GPU: tests/gpu/test_calibration_on_start.py."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from bullet_trt.config import EngineConfig, apply_overrides
+from bullet_trt.model.arch import ModelArch
+from bullet_trt.model.presets import PRESETS
+from bullet_trt.serving.calibrate_on_start import calibration_overrides, needs_calibration
+from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS
+from bullet_trt.spatial.calibration_store import calibration_file, find_calibration, load_perf_model
+from bullet_trt.spatial.perf_model import ModelCost, PerfModel
+
+H200_CALIBRATION = Path(__file__).resolve().parents[1] / "docs/data/perf_model_h200_llama-3.1-8b.yaml"
+H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+COST = ModelCost.from_arch(ModelArch.from_hf_dict(PRESETS["llama-3.1-8b"]), 2)
+
+
+def test_each_gpu_gets_its_own_file_name():
+    assert calibration_file("e", H100) == Path("e/perf_model.nvidia-h100-80gb-hbm3.yaml")
+    assert calibration_file("e", H200) == Path("e/perf_model.nvidia-h200.yaml")
+
+
+def test_a_calibration_measured_on_another_gpu_is_not_used(tmp_path):
+    shutil.copy(H200_CALIBRATION, tmp_path / "perf_model.yaml")
+    on_h200, note200 = load_perf_model(tmp_path, COST, H200, 132)
+    on_h100, note100 = load_perf_model(tmp_path, COST, H100, 132)
+    measured = yaml.safe_load(H200_CALIBRATION.read_text())["coeffs"]
+    assert on_h200.coeffs.bw_max_gbs == measured["bw_max_gbs"] and "NVIDIA H200" in note200
+    assert on_h100.coeffs == PerfModel.default(COST, 132, on_gpu=True).coeffs
+    assert H100 in note100 and "measured on NVIDIA H200" in note100 and "uncalibrated" in note100
+
+
+def test_the_gpus_own_file_wins_and_the_plain_file_serves_its_gpu_only(tmp_path):
+    shutil.copy(H200_CALIBRATION, tmp_path / "perf_model.yaml")
+    own = yaml.safe_load(H200_CALIBRATION.read_text())
+    own["coeffs"]["bw_max_gbs"] = 2900.0
+    own["calibration"]["gpu"] = H100
+    calibration_file(tmp_path, H100).write_text(yaml.safe_dump(own))
+    assert find_calibration(tmp_path, H100, 132).path == calibration_file(tmp_path, H100)
+    assert load_perf_model(tmp_path, COST, H100, 132)[0].coeffs.bw_max_gbs == 2900.0
+    assert find_calibration(tmp_path, H200, 132).path == tmp_path / "perf_model.yaml"
+
+
+def test_a_hand_written_calibration_naming_no_gpu_is_used_and_a_different_sm_count_is_not(tmp_path):
+    hand = yaml.safe_load(H200_CALIBRATION.read_text())
+    del hand["calibration"]
+    (tmp_path / "perf_model.yaml").write_text(yaml.safe_dump(hand))
+    assert find_calibration(tmp_path, H100, 132).path == tmp_path / "perf_model.yaml"
+    smaller = find_calibration(tmp_path, H100, 66)  # a MIG slice of the same GPU model
+    assert smaller.path is None and "66 SMs" in smaller.note
+
+
+def test_the_cpu_uses_its_defaults_and_never_calibrates(tmp_path):
+    shutil.copy(H200_CALIBRATION, tmp_path / "perf_model.yaml")
+    perf, note = load_perf_model(tmp_path, COST, None, 2)
+    assert perf.coeffs == PerfModel.default(COST, 2, on_gpu=False).coeffs and note.startswith("CPU")
+    cfg = EngineConfig(engine_dir=str(tmp_path), device="cpu")
+    assert needs_calibration(cfg) is None
+    assert needs_calibration(apply_overrides(cfg, {"serve.calibrate": "off"})) is None
+
+
+def test_the_measurement_covers_the_largest_sized_batch_and_keeps_the_users_overrides(tmp_path):
+    cfg = apply_overrides(EngineConfig(engine_dir=str(tmp_path)),
+                          {"kv.gpu_memory_fraction": "0.6", "decode.max_num_seqs": "256"})
+    assert calibration_overrides(cfg) == {
+        "decode.max_num_seqs": 256, "decode.max_num_batched_tokens": MAX_DECODE_ROWS,
+        "decode.cuda_graph_batch_sizes": list(GRAPH_BUCKETS), "kv.gpu_memory_fraction": 0.6}
+
+
+def test_the_calibration_process_says_it_needs_a_gpu(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "bullet_trt.spatial.calibrate", str(tmp_path)],
+                          capture_output=True, text=True, env={"CUDA_VISIBLE_DEVICES": "", "PATH": ""})
+    assert done.returncode != 0 and "needs a CUDA GPU" in done.stderr
