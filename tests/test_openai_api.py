@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import pytest
 from bullet_trt.model.default_tokenizer import BOS
 from bullet_trt.serving.openai import launch as openai_launch
 from bullet_trt.serving.triton.server import free_port
+from tests.polling import wait_for
 from tests.triton_fixture import ensure_tiny_random_engine, pid_alive, start_server
 
 MODEL = "bullet"
@@ -66,15 +66,6 @@ class Front:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
-
-
-def wait_for(cond, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -5,28 +5,17 @@ process behind EngineClient, and behind the real tritonserver."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from bullet_trt.engine.request import EngineStats
 from bullet_trt.serving.admission import QueueBound
+from tests.polling import wait_for
 from tests.tiny_engine import tiny_engine
 from tests.triton_fixture import GrpcStreams, start_server
 
 LONG = 4000  # tokens: a request that holds its slot while a test looks at the server
 MAX_MODEL_LEN = 4096
-
-
-def wait_for(cond, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

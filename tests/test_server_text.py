@@ -4,10 +4,10 @@ the non-streamed text, no piece carries a U+FFFD the full text does not, and sto
 cut wherever the tokens split them, end the request and free its KV blocks."""
 from __future__ import annotations
 
-import time
 
 import pytest
 
+from tests.polling import wait_for
 from tests.test_text_stream import _bytes_to_unicode
 from tests.tiny_engine import tiny_engine
 from tests.triton_fixture import GrpcStreams, start_server
@@ -34,14 +34,6 @@ def llm(engine_dir):
     from bullet_trt import LLM
     with LLM(str(engine_dir)) as engine:
         yield engine
-
-
-def wait_for(cond, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def split_characters(tok, ids: list[int]) -> list[str]:

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from bullet_trt.serving.triton import process_tree
 from bullet_trt.serving.triton import server as srv
+from tests.polling import wait_for
 from tests.tiny_engine import tiny_engine
 from tests.triton_fixture import GrpcStreams
 
@@ -56,17 +56,6 @@ def running(procs: list[tuple[int, str | None, str]]) -> list[tuple[int, str]]:
 
 def tree(pid: int) -> list[tuple[int, str | None, str]]:
     return [(p, start_time(p), cmd) for p, _, cmd in process_tree.descendants(pid)]
-
-
-def wait_for(cond, what: str, timeout: float = 90.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def ports_bind(ports: list[int]) -> bool:

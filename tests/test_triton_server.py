@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.polling import wait_for
 from tests.triton_fixture import GrpcStreams, ensure_tiny_random_engine, pid_alive, start_server
 
 MODEL = "bullet"
@@ -56,16 +57,6 @@ def llm():
 def offline_text(llm, prompt: str, **sampling) -> str:
     from bullet_trt import SamplingParams
     return llm.generate([prompt], SamplingParams(**sampling))[0].text
-
-
-def wait_for(cond, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_triton_server import offline_text, wait_for
+from tests.polling import wait_for
+from tests.test_triton_server import offline_text
 from tests.triton_fixture import GrpcStreams, ensure_tiny_random_engine, pid_alive, start_server
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "Stop me if you can"]

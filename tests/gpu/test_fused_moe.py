@@ -9,23 +9,17 @@ inputs. Error is relative: ||out - ref|| / ||ref||. Speed: `bullet-trt bench moe
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from tests.gpu.numerics import CUDA, kernel_device, rel_err
+
 RUNS_IN_TRITON_INTERPRETER = True  # tests/gpu/conftest.py runs this module on CPU then
-if not (CUDA or INTERPRET):
-    pytest.skip("Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1)", allow_module_level=True)
-pytest.importorskip("triton")
+DEV = kernel_device()  # skips this module where kernels cannot run
 
 from bullet_trt.kernels import reference as ref  # noqa: E402
 from bullet_trt.kernels import triton_moe as tmoe  # noqa: E402
-from tests.gpu.numerics import rel_err  # noqa: E402
 
-DEV = torch.device("cuda" if CUDA else "cpu")
 FP32, BF16 = torch.float32, torch.bfloat16
 # The interpreter truncates fp32 to bf16 where the GPU rounds: twice the error of one rounding.
 TOL = {FP32: 1e-4, BF16: 1e-2 if CUDA else 2e-2}

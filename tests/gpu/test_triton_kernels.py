@@ -10,24 +10,19 @@ fails. Error is relative: ||out - ref|| / ||ref||. Speed: `bullet-trt bench kern
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from tests.gpu.numerics import CUDA, kernel_device, rel_err
+
 RUNS_IN_TRITON_INTERPRETER = True  # tests/gpu/conftest.py runs this module on CPU then
-if not (CUDA or INTERPRET):
-    pytest.skip("Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1)", allow_module_level=True)
-pytest.importorskip("triton")
+DEV = kernel_device()  # skips this module where kernels cannot run
 
 from bullet_trt.kernels import reference as ref  # noqa: E402
 from bullet_trt.kernels import triton_ops as tops  # noqa: E402
 from bullet_trt.kernels.metadata import AttentionMetadata  # noqa: E402
-from tests.gpu.numerics import rel_err  # noqa: E402
 
-DEV = torch.device("cuda" if CUDA else "cpu")
 BIG = CUDA  # full-size shapes on the GPU, small ones in the interpreter
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 3e-3}
 FP32, BF16, FP16 = torch.float32, torch.bfloat16, torch.float16
