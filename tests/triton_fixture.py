@@ -6,7 +6,6 @@ import json
 import os
 import queue
 import re
-import signal
 import subprocess
 import time
 import urllib.error
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bullet_trt.serving.supervisor import stop_server
 from bullet_trt.serving.triton import process_tree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,13 +96,7 @@ class TritonServer:
         return total
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_server(self.proc)
 
     def descendants(self) -> list[tuple[int, int, str]]:
         """(pid, parent pid, command line) of every process below the server."""

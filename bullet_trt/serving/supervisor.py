@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from bullet_trt.serving.tied_exec import tied_command
-from bullet_trt.serving.triton.process_tree import descendants
+from bullet_trt.serving.triton.process_tree import descendants, stop_engines
 
 log = logging.getLogger("bullet_trt.supervisor")
 
@@ -201,3 +201,14 @@ class Supervisor:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """Stops a tritonserver started without a supervisor (serving.triton.server.launch: tests,
+    benchmarks) the way `bullet-trt serve` stops its own: the engines end their open requests
+    first, then SIGTERM, then SIGKILL to the server and to every process that was below it (the
+    engine and its workers are a process group of their own, which a signal to the server's
+    group misses)."""
+    sup = Supervisor()
+    sup.adopt("tritonserver", proc, drain=stop_engines)
+    sup.stop()

@@ -191,7 +191,8 @@ def prepare(engine_dir: str | Path | None = None, overrides: dict[str, str] | No
 
 
 def launch(engine_dir=None, overrides=None, log_file=None, **kwargs) -> subprocess.Popen:
-    """Starts tritonserver in the background (tests, notebooks); stop it with .terminate()."""
+    """Starts tritonserver in the background (tests, notebooks, benchmarks); stop it with
+    bullet_trt.serving.supervisor.stop_server."""
     cmd, env = prepare(engine_dir, overrides, **kwargs)
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     try:

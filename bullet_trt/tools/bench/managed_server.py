@@ -2,11 +2,9 @@
 sweep, on free ports, so that one command compares modes."""
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 from pathlib import Path
 
+from bullet_trt.serving.supervisor import stop_server
 from bullet_trt.serving.triton import server as srv
 
 
@@ -43,12 +41,4 @@ class ManagedServer:
             raise RuntimeError(f"{e}\n(log {self.log_file})") from None
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)  # the launcher starts it in its own session
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-            except ProcessLookupError:
-                pass
+        stop_server(self.proc)
