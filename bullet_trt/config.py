@@ -28,6 +28,10 @@ class ProfileConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048  # prompt + generated tokens of one sequence
     cuda_graph_batch_sizes: list[int] = field(default_factory=list)
+    # Token counts of the piecewise CUDA graphs for steps with prompt tokens (chunked mode's
+    # mixed batches; engine/piecewise_graphs.py): a step of up to the largest runs padded to
+    # the next one, its attention eager between the graphs. Empty: such steps run eagerly.
+    piecewise_graph_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -174,6 +178,9 @@ class EngineConfig:
             for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
                 if getattr(p, key) <= 0:
                     raise ConfigError(f"{name}.{key} must be > 0, got {getattr(p, key)}")
+            if any(int(t) <= 0 for t in p.piecewise_graph_tokens):
+                raise ConfigError(f"{name}.piecewise_graph_tokens must hold token counts > 0, "
+                                  f"got {p.piecewise_graph_tokens}")
         if self.kv.block_size <= 0:
             raise ConfigError(f"kv.block_size must be > 0, got {self.kv.block_size}")
         if self.kv.num_blocks < 0:

@@ -67,11 +67,19 @@ class TorchSession(EngineSession):
         # Graphs need kernels that never sync with the host; the torch reference does.
         # Under tensor parallelism decode runs eager: graphs that capture the NCCL collectives
         # are GPU work not done yet (docs/scale-out.md).
+        graphable = model.ops is not reference and model.shard.single
         if (use_cuda_graphs and self.device.type == "cuda" and profile.cuda_graph_batch_sizes
-                and model.ops is not reference and model.shard.single):
+                and graphable):
             from bullet_trt.engine.cuda_graphs import DecodeGraphs
             self.graphs = DecodeGraphs(model, kv_pool, block_size, profile.cuda_graph_batch_sizes,
                                        profile.max_model_len)
+        self.piecewise = None
+        if use_cuda_graphs and profile.piecewise_graph_tokens and model.shard.single:
+            from bullet_trt.engine.piecewise_graphs import PiecewiseGraphs
+            # Without graphs (a CPU, or host-syncing reference kernels) the pieces run as they
+            # are: the same results, checked on CPU, at no gain.
+            self.piecewise = PiecewiseGraphs(model, kv_pool, [int(t) for t in profile.piecewise_graph_tokens],
+                                             capture=self.device.type == "cuda" and graphable)
 
     def warm_up(self) -> None:
         """Compiles the GPU kernels before the first request (Triton compiles on first use,
@@ -87,7 +95,8 @@ class TorchSession(EngineSession):
         bs, limit = self.block_size, self.profile.max_model_len - 1
         shapes = [[64], [13], [13, 7], [3] * 16, [3] * 17]
         next_block = 0
-        graphs, self.graphs = self.graphs, None  # eager: graphs are captured per stream later
+        # eager: graphs are captured per stream later
+        graphs, self.graphs, piecewise, self.piecewise = self.graphs, None, self.piecewise, None
         for lengths in shapes:
             items = []
             for n in lengths:
@@ -115,7 +124,7 @@ class TorchSession(EngineSession):
             self.run(rows + decode_rows)
             if b * 2 <= self.profile.max_num_batched_tokens:
                 self.run([BatchItem("warm-up", [1] * 2, 0, [shared[i % 64]], greedy, True) for i in range(b)])
-        self.graphs = graphs
+        self.graphs, self.piecewise = graphs, piecewise
         ops = self.model.ops
         arch = self.model.arch
         if hasattr(ops, "compile_decode_variants"):
@@ -129,9 +138,11 @@ class TorchSession(EngineSession):
         torch.cuda.synchronize(self.device)
 
     def capture_graphs(self) -> int:
-        """Captures the decode graph of every batch bucket for the current stream now (and
-        its SM count), instead of at the bucket's first use; returns how many were new."""
-        return self.graphs.capture_all() if self.graphs is not None else 0
+        """Captures the decode graph of every batch bucket (and the piecewise graphs of every
+        token bucket) for the current stream now (and its SM count), instead of at a bucket's
+        first use; returns how many buckets were new."""
+        new = self.graphs.capture_all() if self.graphs is not None else 0
+        return new + (self.piecewise.capture_all() if self.piecewise is not None else 0)
 
     def _graph_logits(self, items: list[BatchItem]) -> torch.Tensor | None:
         if self.graphs is None or not all(len(it.input_token_ids) == 1 and it.sample for it in items):
@@ -156,7 +167,10 @@ class TorchSession(EngineSession):
         positions = [p for it, n in zip(items, q_lens) for p in range(it.start_pos, it.start_pos + n)]
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        hidden = self.model(input_ids, pos, self.kv_pool, meta)
+        if self.piecewise is not None and self.piecewise.bucket(len(ids)) is not None:
+            hidden = self.piecewise.run(input_ids, pos, meta)
+        else:
+            hidden = self.model(input_ids, pos, self.kv_pool, meta)
         rows = [i for i, it in enumerate(items) if it.sample]
         results: list[SampleResult | None] = [None] * len(items)
         if not rows:

@@ -95,8 +95,10 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
             self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
 
-    def forward(self, ops, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def project(self, ops, x: torch.Tensor, positions: torch.Tensor,
+                cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v of the new tokens, normed and rotated: work of each token alone, which a
+        CUDA graph of a fixed token count can hold (engine/piecewise_graphs.py)."""
         T = x.shape[0]
         qkv = _fused_linear(x, self.qkv, [self.q_proj, self.k_proj, self.v_proj])
         q, k, v = qkv.split(self.split_sizes, dim=-1)
@@ -108,9 +110,18 @@ class Attention(nn.Module):
             q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm.weight, self.q_norm.eps).view_as(q)
             k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm.weight, self.k_norm.eps).view_as(k)
         q, k = ops.apply_rope(q, k, positions, cos_sin)
+        return q, k, v
+
+    def attend(self, ops, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+               meta: AttentionMetadata) -> torch.Tensor:
+        """The new K/V into the paged cache, then attention over each sequence's context: the
+        part of a step whose launch shapes follow the batch's sequences, not its token count."""
         ops.write_kv_cache(k, v, kv_cache, meta.slot_mapping)
         out = ops.paged_attention(q, kv_cache, meta, self.scale)
-        return _row_parallel(out.reshape(T, self.num_heads * self.head_dim), self.o_proj, self.tp)
+        return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+
+    def output(self, attended: torch.Tensor) -> torch.Tensor:
+        return _row_parallel(attended, self.o_proj, self.tp)
 
 
 class MLP(nn.Module):
@@ -254,21 +265,45 @@ class CausalLM(nn.Module):
 
         kv_caches: (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim).
         """
-        ops, m = self.ops, self.model
-        hidden = self._embed(input_ids)
-        residual = hidden
-        for i, layer in enumerate(m.layers):
-            if i == 0:
-                x = ops.rms_norm(hidden, layer.input_layernorm.weight, layer.input_layernorm.eps)
-            else:
-                x, residual = ops.add_rms_norm(hidden, residual, layer.input_layernorm.weight,
-                                               layer.input_layernorm.eps)
-            hidden = layer.self_attn(ops, x, positions, self.cos_sin_cache, kv_caches[i], meta)
-            x, residual = ops.add_rms_norm(hidden, residual, layer.post_attention_layernorm.weight,
-                                           layer.post_attention_layernorm.eps)
-            hidden = layer.mlp(ops, x)
-        hidden, _ = ops.add_rms_norm(hidden, residual, m.norm.weight, m.norm.eps)
-        return hidden
+        hidden, residual = self._embed(input_ids), None
+        for i in range(len(self.model.layers)):
+            q, k, v, residual = self.layer_head(i, hidden, residual, positions)
+            attended = self.layer_attention(i, q, k, v, kv_caches, meta)
+            hidden, residual = self.layer_tail(i, attended, residual)
+        return self.finish(hidden, residual)
+
+    # The forward in pieces: piecewise CUDA graphs (engine/piecewise_graphs.py) capture all but
+    # layer_attention and run that between them, so they must compose exactly as above.
+    def layer_head(self, i: int, hidden: torch.Tensor, residual: torch.Tensor | None,
+                   positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Layer i up to attention: the input norm (adding the residual stream after layer 0),
+        then q, k, v. Returns (q, k, v, residual)."""
+        layer = self.model.layers[i]
+        norm = layer.input_layernorm
+        if residual is None:
+            x, residual = self.ops.rms_norm(hidden, norm.weight, norm.eps), hidden
+        else:
+            x, residual = self.ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)
+        q, k, v = layer.self_attn.project(self.ops, x, positions, self.cos_sin_cache)
+        return q, k, v, residual
+
+    def layer_attention(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        kv_caches: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model.layers[i].self_attn.attend(self.ops, q, k, v, kv_caches[i], meta)
+
+    def layer_tail(self, i: int, attended: torch.Tensor,
+                   residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i after attention: o_proj, the residual add and norm, the MLP (or experts).
+        Returns (hidden, residual)."""
+        layer = self.model.layers[i]
+        hidden = layer.self_attn.output(attended)
+        norm = layer.post_attention_layernorm
+        x, residual = self.ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)
+        return layer.mlp(self.ops, x), residual
+
+    def finish(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        norm = self.model.norm
+        return self.ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)[0]
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The tokens' embeddings; split by vocabulary, each rank looks up the tokens of its own

@@ -25,6 +25,7 @@ from bullet_trt.engine.session import BatchItem, TorchSession
 from bullet_trt.engine.shared_state import build_shared_state
 from bullet_trt.spatial.calibration_store import calibration_file, profile_file
 from bullet_trt.spatial.perf_model import ModelCost, PrefillShape, ProfilePoint, fit, median_abs_pct_error
+from bullet_trt.spatial.session_worker import worker_profiles
 
 PREFILL_TOKENS = (128, 512, 1024, 2048, 4096)
 # (batch, context per sequence). Serving decodes up to the decode profile's max_num_seqs rows,
@@ -105,7 +106,8 @@ def measurement_setup(engine_dir: str | Path, sm_counts, overrides: dict | None 
     cfg = load_engine_config(engine_dir, overrides)
     state, model = build_shared_state(cfg, share=False)
     state.kv_pool.normal_()
-    profile = dataclasses.replace(cfg.prefill, cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes)
+    # prefill as the prefill worker runs it (eager), decode from the decode profile's graphs
+    profile = dataclasses.replace(worker_profiles(cfg)["prefill"], cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes)
     session = TorchSession(model, state.kv_pool, state.block_size, profile)
     part = make_partitioner("green", state.kv_pool.device)
     counts = [c for c in sm_counts if c < part.total_sms]

@@ -48,7 +48,7 @@ from bullet_trt.spatial.partitioners import make_partitioner
 from bullet_trt.spatial.perf_model import ModelCost, PerfModel, PrefillShape
 from bullet_trt.spatial.policy import Decision, PolicyState, SloConfig, WaitingPrompt, bullet_policy, static_policy
 from bullet_trt.spatial.queues import SpatialQueues
-from bullet_trt.spatial.session_worker import SessionWorker, WorkerDied
+from bullet_trt.spatial.session_worker import SessionWorker, WorkerDied, worker_profiles
 
 
 @dataclass
@@ -111,7 +111,7 @@ class SpatialEngine:
             SessionWorker(role, self.state, profile, self.partitioner.name, self.splits, envs[role],
                           outbox=self.results, decode_epoch=self.decode_epoch,
                           tp=(rendezvous[role], 0) if ranks is not None else None)
-            for role, profile in zip(ROLES, (cfg.prefill, cfg.decode)))
+            for role, profile in worker_profiles(cfg).items())
         if ranks is not None:
             ranks.pool_ready(self.state.num_blocks)
         self.static_split = SmSplit(self.total_sms, static_split)

@@ -13,7 +13,7 @@ from bullet_trt.engine.shared_state import build_shared_state
 from bullet_trt.engine.tp_follower import follow_steps
 from bullet_trt.engine.tp_group import TPGroup
 from bullet_trt.protocol import WorkerPlan
-from bullet_trt.spatial.session_worker import SessionWorker
+from bullet_trt.spatial.session_worker import SessionWorker, worker_profiles
 
 
 def run_spatial_follower(cfg: EngineConfig, group: TPGroup, free_counts) -> None:
@@ -24,7 +24,7 @@ def run_spatial_follower(cfg: EngineConfig, group: TPGroup, free_counts) -> None
     decode_epoch = ctx.RawValue("q", 0)  # this GPU's decode worker's split epoch
     workers = []
     try:
-        for role, profile in (("prefill", cfg.prefill), ("decode", cfg.decode)):
+        for role, profile in worker_profiles(cfg).items():
             workers.append(SessionWorker(role, state, profile, plan.partitioner, plan.splits, plan.envs[role],
                                          outbox=outbox, decode_epoch=decode_epoch,
                                          tp=(plan.rendezvous[role], group.rank)))

@@ -18,6 +18,7 @@ takes to the others (rank_mirror.py), so that all of them run every step togethe
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import time
@@ -36,6 +37,13 @@ from bullet_trt.protocol import (BatchDone, BatchFailed, DecodeStep, DecodeStepF
 from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
 from bullet_trt.spatial.partitioners import make_partitioner
 from bullet_trt.spatial.rank_mirror import FollowerOutbox, RankMirror
+
+
+def worker_profiles(cfg) -> dict:
+    """Each role's profile. The prefill worker runs its steps eagerly: it moves between SM
+    partitions from step to step, each with a stream of its own, and piecewise graphs per
+    partition would multiply (layers + 1 graphs per token bucket per partition)."""
+    return {"prefill": dataclasses.replace(cfg.prefill, piecewise_graph_tokens=[]), "decode": cfg.decode}
 
 
 class WorkerDied(RuntimeError):

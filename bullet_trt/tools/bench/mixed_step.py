@@ -1,0 +1,117 @@
+"""`bullet-trt bench mixed-step`: chunked mode's mixed step, eager against piecewise CUDA graphs.
+
+    bullet-trt bench mixed-step --engine-dir engines/llama-3.1-8b [--chunks 512,1024,2048]
+        [--decode-rows 0,64,256,512] [--ctx 512] [--json out.json]
+
+A mixed step is what chunked prefill runs while prompts wait: a chunk of one prompt's tokens
+and one token for each decoding sequence, in one forward. Timed on the whole GPU with CUDA
+events (median of repeats, after a warm-up), as the chunked engine runs it: eager, and with
+piecewise graphs (engine/piecewise_graphs.py) whose token bucket is the step's size. The
+decode rows attend to `ctx` cached tokens each; the chunk starts a fresh prompt. The ratio
+eager / graphed is what the graphs save chunked mode per step; the FLOP rate of the graphed
+step is against the GEMM rate measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from bullet_trt.config import load_engine_config
+from bullet_trt.engine.piecewise_graphs import PiecewiseGraphs
+from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt.engine.session import BatchItem, TorchSession
+from bullet_trt.engine.shared_state import build_shared_state
+from bullet_trt.spatial.calibrate import time_ms
+from bullet_trt.spatial.perf_model import ModelCost
+from bullet_trt.tools.bench.kernel_bench import gemm_tflops
+
+
+def mixed_items(chunk: int, decode_rows: int, ctx: int, block_size: int) -> list[BatchItem]:
+    """A chunk of a new prompt, then decode_rows sequences of ctx cached tokens, each on its own
+    blocks (the cache holds random data: attention reads it all the same)."""
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    blocks = -(-(ctx + 1) // block_size)
+    chunk_blocks = -(-chunk // block_size)
+    items = [BatchItem("chunk", [7] * chunk, 0, list(range(chunk_blocks)), params, True)] if chunk else []
+    for r in range(decode_rows):
+        first = chunk_blocks + r * blocks
+        items.append(BatchItem(f"d{r}", [7], ctx, list(range(first, first + blocks)), params, True,
+                               output_index=1))
+    return items
+
+
+def step_flops(cost: ModelCost, chunk: int, decode_rows: int, ctx: int) -> float:
+    """Dense FLOPs of the step's tokens and their attention (the chunk's causal half)."""
+    pairs = chunk * (chunk + 1) / 2 + decode_rows * (ctx + 1)
+    return cost.flops_per_token * (chunk + decode_rows) + cost.attn_flops_per_pair * pairs
+
+
+def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int) -> dict:
+    if not torch.cuda.is_available():
+        raise SystemExit("bullet-trt bench mixed-step needs a CUDA GPU")
+    steps = [(c, d) for c in chunks for d in decode_rows if c + d > 0]
+    buckets = sorted({c + d for c, d in steps})
+    cfg = load_engine_config(engine_dir, {"device": "cuda"})
+    state, model = build_shared_state(cfg, share=False)
+    state.kv_pool.normal_()
+    need = max(-(-c // state.block_size) + d * -(-(ctx + 1) // state.block_size) for c, d in steps)
+    if need > state.num_blocks:
+        raise SystemExit(f"the largest step needs {need} KV blocks, the pool has {state.num_blocks}: "
+                         "lower --decode-rows or --ctx")
+    profile = cfg.prefill
+    session = TorchSession(model, state.kv_pool, state.block_size, profile, use_cuda_graphs=False)
+    session.warm_up()
+    graphs = PiecewiseGraphs(model, state.kv_pool, buckets)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graphs.capture_all()
+    cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size())
+    rate = gemm_tflops(stream)
+    rows = []
+    for chunk, decode in steps:
+        items = mixed_items(chunk, decode, ctx, state.block_size)
+        session.piecewise = None
+        eager = time_ms(lambda: session.run(items), stream, repeats=10)
+        session.piecewise = graphs
+        graphed = time_ms(lambda: session.run(items), stream, repeats=10)
+        tflops = step_flops(cost, chunk, decode, ctx) / graphed / 1e9
+        rows.append({"chunk": chunk, "decode_rows": decode, "eager_ms": round(eager, 3),
+                     "graphed_ms": round(graphed, 3), "eager_over_graphed": round(eager / graphed, 3),
+                     "graphed_TFLOPs": round(tflops, 1), "of_gemm_rate": round(tflops / rate, 3)})
+        print(json.dumps(rows[-1]), flush=True)
+    return {"gpu": torch.cuda.get_device_name(), "ctx": ctx, "gemm_TFLOPs": round(rate, 1), "steps": rows}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"{result['gpu']}: chunked's mixed step, decode rows at {result['ctx']} cached tokens; "
+             f"bf16 GEMM rate {result['gemm_TFLOPs']} TFLOP/s in the same run",
+             "", "| chunk | decode rows | eager ms | piecewise graphs ms | eager / graphed | graphed TFLOP/s | of GEMM rate |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["steps"]:
+        lines.append(f"| {r['chunk']} | {r['decode_rows']} | {r['eager_ms']} | {r['graphed_ms']} | "
+                     f"{r['eager_over_graphed']:.2f}x | {r['graphed_TFLOPs']} | {r['of_gemm_rate']:.0%} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bullet-trt bench mixed-step", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine-dir", required=True)
+    ap.add_argument("--chunks", default="512,1024,2048", help="prompt tokens in the step")
+    ap.add_argument("--decode-rows", default="0,64,256,512", help="decoding sequences in the step")
+    ap.add_argument("--ctx", type=int, default=512, help="cached tokens of each decoding sequence")
+    ap.add_argument("--json", help="write the result here")
+    args = ap.parse_args(argv)
+    ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
+    result = measure(args.engine_dir, ints(args.chunks), ints(args.decode_rows), args.ctx)
+    print(markdown(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""Piecewise CUDA graphs on a GPU (engine/piecewise_graphs.py): the graphs are captured at the
+engine's start, replayed for chunked mode's mixed steps, and give the tokens the eager steps
+give (float32) and hidden states within bfloat16's rounding of the eager forward. Their speed:
+`bullet-trt bench mixed-step`."""
+from __future__ import annotations
+
+import torch
+
+from bullet_trt.config import load_engine_config
+from bullet_trt.engine.piecewise_graphs import PiecewiseGraphs
+from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt.engine.shared_state import build_shared_state
+from bullet_trt.serving.llm import LLM
+from bullet_trt.tools.build import build_from_checkpoint
+from tests.checkpoints import make_variant
+from tests.gpu.numerics import rel_err
+from tests.test_engine import prompts
+from tests.test_piecewise_graphs import mixed_batch
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+def engine(tmp_path, variant: str, dtype: str):
+    return build_from_checkpoint(make_variant(tmp_path / "ckpt", variant), tmp_path / "engine",
+                                 max_model_len=256, dtype=dtype)
+
+
+def test_chunked_mode_replays_the_graphs_and_generates_the_eager_tokens(tmp_path):
+    e = engine(tmp_path, "llama", "float32")
+    batch = prompts(6, seed=11)
+    chunked = {"device": "cuda", "serve.mode": "chunked", "serve.chunk_size": 24}
+    with LLM(str(e), **chunked) as llm:
+        eager = [c.token_ids for c in llm.generate_token_ids(batch, GREEDY)]
+    with LLM(str(e), **chunked, **{"prefill.piecewise_graph_tokens": "[16, 32, 64]"}) as llm:
+        graphs = llm.engine.session.piecewise
+        assert graphs.capture and len(graphs.pieces) == 3  # every bucket captured at start
+        assert all(isinstance(p, torch.cuda.CUDAGraph) for pieces in graphs.pieces.values() for p in pieces)
+        graphed = [c.token_ids for c in llm.generate_token_ids(batch, GREEDY)]
+    assert graphed == eager
+
+
+def test_graphed_hidden_states_match_the_eager_forward_in_bfloat16(tmp_path):
+    for variant in ("qwen3", "qwen3_moe"):
+        cfg = load_engine_config(engine(tmp_path / variant, variant, "bfloat16"),
+                                 {"device": "cuda", "kv.num_blocks": "16"})
+        state, model = build_shared_state(cfg, share=False)
+        state.kv_pool.normal_()
+        ids, positions, meta = mixed_batch(state.block_size, state.kv_pool.device)
+        ids, positions = ids.cuda(), positions.cuda()
+        eager_pool = state.kv_pool.clone()
+        with torch.inference_mode():
+            expected = model(ids, positions, eager_pool, meta)
+            graphs = PiecewiseGraphs(model, state.kv_pool, [32, 64])
+            graphs.capture_all()
+            got = graphs.run(ids, positions, meta).clone()
+        assert rel_err(got, expected) < 1e-2, variant
+        assert rel_err(state.kv_pool, eager_pool) < 1e-2, variant
+        assert torch.equal(state.kv_pool[:, :, 4:], eager_pool[:, :, 4:])  # no padded row wrote
