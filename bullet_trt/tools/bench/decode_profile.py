@@ -17,7 +17,6 @@ import argparse
 import json
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from bullet_trt.spatial.calibrate import measurement_setup, profile_items, time_ms
 from bullet_trt.spatial.perf_model import ModelCost
 from bullet_trt.tools.bench.kernel_bench import copy_gbs
+from bullet_trt.tools.bench.json_output import write_json
 
 KINDS = (("attention", ("_decode",)), ("moe experts", ("_moe_gemm",)),
          ("gemm", ("gemm", "nvjet", "cutlass", "sm90", "gemv", "splitk")),
@@ -143,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in report["gemms"]:
         print(f"  gemm {r['gemm']:14s} N={r['N']:6d} K={r['K']:5d} {r['ms']:.4f} ms "
               f"{r['GBps']:7.1f} GB/s {r['of_copy_bw']:.0%} of copy BW")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+    write_json(args.json, report)
     return 0
 
 

@@ -33,6 +33,7 @@ import torch
 
 from bullet_trt.spatial.calibrate import measurement_setup, profile_items, time_ms
 from bullet_trt.spatial.perf_model import ModelCost, PrefillShape
+from bullet_trt.tools.bench.json_output import write_json
 
 L8B_HEADS = (32, 8, 128)  # Hq, Hkv, head dim
 DECODE_CASES = ((64, 1024), (64, 4096), (8, 4096), (1, 4096), (1, 1024))  # (batch, context)
@@ -413,9 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         if part is not None:
             part.close()
     print("\n\n".join(tables))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     return 0
 
 

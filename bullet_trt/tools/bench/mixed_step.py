@@ -26,6 +26,7 @@ from bullet_trt.engine.shared_state import build_shared_state
 from bullet_trt.spatial.calibrate import time_ms
 from bullet_trt.spatial.perf_model import ModelCost
 from bullet_trt.tools.bench.kernel_bench import gemm_tflops
+from bullet_trt.tools.bench.json_output import write_json
 
 
 def mixed_items(chunk: int, decode_rows: int, ctx: int, block_size: int) -> list[BatchItem]:
@@ -107,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     result = measure(args.engine_dir, ints(args.chunks), ints(args.decode_rows), args.ctx)
     print(markdown(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     return 0
 
 

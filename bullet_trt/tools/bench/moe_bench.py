@@ -39,6 +39,7 @@ import json
 import torch
 
 from bullet_trt.tools.bench.kernel_bench import copy_gbs, do_bench, gemm_tflops
+from bullet_trt.tools.bench.json_output import write_json
 
 DTYPE = torch.bfloat16
 
@@ -286,9 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         result["sweep"] = sweep(arch)
     print(markdown(result, args.arch, args.layers))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     return 0
 
 

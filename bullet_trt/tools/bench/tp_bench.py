@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 import torch.multiprocessing as mp
 
 from bullet_trt.engine.tp_group import Rendezvous, TPGroup, rank_device
+from bullet_trt.tools.bench.json_output import write_json
 
 ROWS = (1, 8, 16, 32, 64, 128, 256, 1024, 4096)
 
@@ -141,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         result["decode"].append({"batch": b, "tp1_graphs_ms": one, "tp1_eager_ms": eager, "tp_ms": many,
                                  "all_reduce_ms": comm})
         print(f"| {b} | {one:.2f} | {eager:.2f} | {many:.2f} | {comm:.2f} | {comm / many:.0%} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     return 0
 
 
