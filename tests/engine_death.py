@@ -211,9 +211,7 @@ def run(*, streams: int = 150, interval_ms: float = 10.0, arrive_before_s: float
         engine_dir = build_tiny_random_engine(TINY_RANDOM_ENGINE_DIR)
     if log_file is None:
         log_file = Path(tempfile.mkdtemp(prefix="engine-death-")) / "tritonserver.log"
-    ports = [srv.free_port() for _ in range(3)]
-    while len(set(ports)) < 3:
-        ports = [srv.free_port() for _ in range(3)]
+    ports = srv.free_ports(3)
     http_url, grpc_url = f"localhost:{ports[0]}", f"localhost:{ports[1]}"
     ov = {"serve.mode": mode, **(overrides or {})}
     proc = srv.launch(engine_dir=engine_dir, overrides=ov, log_file=log_file, http_port=ports[0],

@@ -27,13 +27,6 @@ def engine_dir(tmp_path_factory):
     return tiny_engine(tmp_path_factory.mktemp("tiny") / "engine", max_model_len=4096)
 
 
-def free_ports(n: int) -> list[int]:
-    ports: list[int] = []
-    while len(set(ports)) < n:
-        ports = [srv.free_port() for _ in range(n)]
-    return ports
-
-
 def start_time(pid: int) -> str | None:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
@@ -81,7 +74,7 @@ def openai_ready(port: int) -> bool:
 
 def start(command: str, engine_dir: Path, tmp_path: Path) -> tuple[subprocess.Popen, list[int], Path]:
     """`bullet-trt serve|demo` with the OpenAI front end, on free ports, ready to serve."""
-    http, grpc, metrics, openai = ports = free_ports(4)
+    http, grpc, metrics, openai = ports = srv.free_ports(4)
     log = tmp_path / f"{command}.log"
     cmd = [sys.executable, "-m", "bullet_trt.tools.cli", command, "--engine-dir", str(engine_dir),
            "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),

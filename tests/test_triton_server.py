@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tests.polling import wait_for
-from tests.triton_fixture import GrpcStreams, ensure_tiny_random_engine, pid_alive, start_server
+from tests.triton_fixture import GrpcStreams, ensure_tiny_random_engine, module_server, pid_alive, start_server
 
 MODEL = "bullet"
 
@@ -31,12 +31,7 @@ MODEL = "bullet"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = start_server(tmp_path_factory.mktemp("triton"))
-    engine_pids = srv.engine_pids()
-    yield srv
-    srv.stop()
-    # stopping the server stops the engine process too
-    wait_for(lambda: not any(pid_alive(p) for p in engine_pids), timeout=30, what="engine process exit")
+    yield from module_server(tmp_path_factory.mktemp("triton"))  # its end checks the engine exited
 
 
 @pytest.fixture(scope="module")

@@ -7,19 +7,15 @@ import pytest
 
 from tests.polling import wait_for
 from tests.test_triton_server import offline_text
-from tests.triton_fixture import GrpcStreams, ensure_tiny_random_engine, pid_alive, start_server
+from tests.triton_fixture import GrpcStreams, ensure_tiny_random_engine, module_server
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "Stop me if you can"]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = start_server(tmp_path_factory.mktemp("triton-tp"), name="tp2",
-                       overrides={"parallel.tensor_parallel_size": "2"})
-    engine_pids = srv.engine_pids()
-    yield srv
-    srv.stop()
-    wait_for(lambda: not any(pid_alive(p) for p in engine_pids), timeout=30, what="engine and rank 1 exit")
+    yield from module_server(tmp_path_factory.mktemp("triton-tp"), name="tp2",
+                             overrides={"parallel.tensor_parallel_size": "2"})
 
 
 @pytest.fixture(scope="module")

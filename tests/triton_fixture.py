@@ -121,9 +121,7 @@ def start_server(tmp_dir: Path, name: str = "server", overrides: dict | None = N
     from bullet_trt.serving.triton import server as srv
 
     engine_dir = engine_dir or ensure_tiny_random_engine()
-    ports = [srv.free_port() for _ in range(3)]
-    while len(set(ports)) < 3:
-        ports = [srv.free_port() for _ in range(3)]
+    ports = srv.free_ports(3)
     log_file = tmp_dir / f"{name}.log"
     proc = srv.launch(engine_dir=engine_dir, overrides=overrides, log_file=log_file, http_port=ports[0],
                       grpc_port=ports[1], metrics_port=ports[2])
@@ -134,6 +132,18 @@ def start_server(tmp_dir: Path, name: str = "server", overrides: dict | None = N
         server.stop()
         raise
     return server
+
+
+def module_server(tmp_dir: Path, **start_kwargs):
+    """A module-scoped fixture's body (``yield from``): a started server, then, once the module
+    is done, the server stopped and every process below it (engine, workers, ranks) gone."""
+    from tests.polling import wait_for
+
+    server = start_server(tmp_dir, **start_kwargs)
+    engine_pids = server.engine_pids()
+    yield server
+    server.stop()
+    wait_for(lambda: not any(pid_alive(p) for p in engine_pids), what="the engine processes exit", timeout=30)
 
 
 # -- gRPC streaming helpers ---------------------------------------------------------------------

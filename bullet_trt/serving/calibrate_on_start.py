@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from bullet_trt.config import EngineConfig
 from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS
@@ -28,8 +29,8 @@ def calibration_overrides(cfg: EngineConfig) -> dict:
     return {**sized, **given}
 
 
-def needs_calibration(cfg: EngineConfig) -> str | None:
-    """Why this server should calibrate first, or None."""
+def _missing_calibration(cfg: EngineConfig) -> tuple[str, Path] | None:
+    """(why this server should calibrate first, where it stores the result), or None."""
     if cfg.serve.calibrate == "off" or cfg.resolve_device() == "cpu":
         return None
     if cfg.parallel.tensor_parallel_size > 1:
@@ -39,16 +40,20 @@ def needs_calibration(cfg: EngineConfig) -> str | None:
 
     props = torch.cuda.get_device_properties(torch.device(cfg.resolve_device()))
     found = find_calibration(cfg.engine_dir, props.name, props.multi_processor_count)
-    return None if found.path is not None else found.note
+    return None if found.path is not None else (found.note, calibration_file(cfg.engine_dir, props.name))
+
+
+def needs_calibration(cfg: EngineConfig) -> str | None:
+    """Why this server should calibrate first, or None."""
+    missing = _missing_calibration(cfg)
+    return None if missing is None else missing[0]
 
 
 def ensure_calibrated(cfg: EngineConfig) -> None:
-    reason = needs_calibration(cfg)
-    if reason is None:
+    missing = _missing_calibration(cfg)
+    if missing is None:
         return
-    import torch
-
-    target = calibration_file(cfg.engine_dir, torch.cuda.get_device_name(torch.device(cfg.resolve_device())))
+    reason, target = missing
     if not os.access(cfg.engine_dir, os.W_OK):
         print(f"bullet_trt: {reason}, and the engine directory is read-only: uncalibrated defaults "
               f"(calibrate with `bullet-trt build --profile --out {cfg.engine_dir}`)", file=sys.stderr, flush=True)

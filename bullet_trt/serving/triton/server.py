@@ -237,6 +237,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports (one bind after another can hand out the same port twice)."""
+    ports: list[int] = []
+    while len(set(ports)) < n:
+        ports = [free_port() for _ in range(n)]
+    return ports
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Prepare the tritonserver install and print how to start it.")
     ap.add_argument("--print-env", action="store_true", help="print the environment as shell exports")

@@ -13,10 +13,7 @@ class ManagedServer:
 
     def __init__(self, engine_dir: Path, overrides: dict, log_file: Path, model: str = "bullet",
                  start_timeout_s: float = 900.0):
-        ports: list[int] = []
-        while len(set(ports)) < 3:
-            ports = [srv.free_port() for _ in range(3)]
-        self.http_port, self.grpc_port, self.metrics_port = ports
+        self.http_port, self.grpc_port, self.metrics_port = srv.free_ports(3)
         self.log_file = log_file
         self.model = model
         self.proc = srv.launch(engine_dir=engine_dir, overrides=overrides, log_file=log_file,

@@ -57,12 +57,12 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
     cfg = load_engine_config(engine_dir, {"device": "cuda"})
     state, model = build_shared_state(cfg, share=False)
     state.kv_pool.normal_()
-    need = max(-(-c // state.block_size) + d * -(-(ctx + 1) // state.block_size) for c, d in steps)
+    need = max(max(b for it in mixed_items(c, d, ctx, state.block_size) for b in it.block_table) + 1
+               for c, d in steps)
     if need > state.num_blocks:
         raise SystemExit(f"the largest step needs {need} KV blocks, the pool has {state.num_blocks}: "
                          "lower --decode-rows or --ctx")
-    profile = cfg.prefill
-    session = TorchSession(model, state.kv_pool, state.block_size, profile, use_cuda_graphs=False)
+    session = TorchSession(model, state.kv_pool, state.block_size, cfg.prefill, use_cuda_graphs=False)
     session.warm_up()
     graphs = PiecewiseGraphs(model, state.kv_pool, buckets)
     stream = torch.cuda.Stream()
