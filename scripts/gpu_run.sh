@@ -20,8 +20,8 @@
 #       TTFT_SLO / TPOT_SLO (ms, 1000 / 50), STATIC_SMS (64), EXTRA (more bench serve args),
 #       CALIBRATE ("--set k=v ...": calibrate the engine first with the decode profile the
 #       server runs, and keep perf_model.<gpu>.yaml / perf_profile.<gpu>.json in $OUT;
-#       otherwise the H200 calibration in docs/data is used on an H200, and another GPU is
-#       calibrated by the first server that starts on it, serve.calibrate=auto).
+#       otherwise the H200 and H100 calibrations in docs/data are used on those GPUs, and
+#       another GPU is calibrated by the first server that starts on it, serve.calibrate=auto).
 #   bash scripts/gpu_run.sh run CMD [ARGS...]
 #       any command in the same environment, with `python` the interpreter set up here and
 #       OUT and ENGINE (the dummy Llama-3.1-8B, built) exported, e.g.
@@ -245,8 +245,11 @@ case "$cmd" in
       # shellcheck disable=SC2086 # CALIBRATE is a list of --set arguments
       "$PY" build_engines.py --profile --out "$ENGINE" $CALIBRATE 2>&1 | tail -3 || die "calibration failed"
       cp "$ENGINE"/perf_model.*.yaml "$ENGINE"/perf_profile.*.json "$out/"
-    elif [ ! -f "$ENGINE/perf_model.yaml" ]; then
-      cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$ENGINE/perf_model.yaml"
+    else  # the stored calibrations; the server takes its own GPU's (spatial/calibration_store.py)
+      for gpu in h200:nvidia-h200 h100:nvidia-h100-80gb-hbm3; do
+        [ -f "$ENGINE/perf_model.${gpu#*:}.yaml" ] \
+          || cp "docs/data/perf_model_${gpu%%:*}_llama-3.1-8b.yaml" "$ENGINE/perf_model.${gpu#*:}.yaml"
+      done
     fi
     rm -rf "$out/serve"
     # shellcheck disable=SC2086 # LOAD and EXTRA are lists of arguments

@@ -55,11 +55,28 @@ def test_sizing_sets_what_no_override_names_and_keeps_the_rest(tmp_path, llama8b
     assert cfg.decode.max_num_seqs == cfg.decode.max_num_batched_tokens == 1024
     assert cfg.decode.cuda_graph_batch_sizes == list(GRAPH_BUCKETS)
     assert cfg.serve.chunk_size == 2048 and len(notes) == 3
+    assert cfg.prefill.piecewise_graph_tokens == []  # bullet's prefill worker runs eagerly
 
     kept = config(tmp_path, {"decode.max_num_seqs": "256", "serve.chunk_size": "1024"})
     size_for(kept, llama8b, H200)
     assert kept.decode.max_num_seqs == 256 and kept.serve.chunk_size == 1024
     assert kept.decode.cuda_graph_batch_sizes[-1] == 256  # graphs follow the slots given
+
+
+def test_chunked_mode_gets_its_own_chunk_and_piecewise_graphs_up_to_it(tmp_path, llama8b):
+    cfg = config(tmp_path, {"serve.mode": "chunked"})
+    notes = size_for(cfg, llama8b, H200)
+    assert cfg.serve.chunk_size == 1024
+    assert cfg.prefill.piecewise_graph_tokens == [128, 256, 512, 768, 1024]
+    assert any(n.startswith("prefill.piecewise_graph_tokens") for n in notes)
+
+    given = config(tmp_path, {"serve.mode": "chunked", "serve.chunk_size": "2048",
+                              "prefill.piecewise_graph_tokens": "[]"})
+    size_for(given, llama8b, H200)
+    assert given.serve.chunk_size == 2048 and given.prefill.piecewise_graph_tokens == []
+    graphs_follow = config(tmp_path, {"serve.mode": "chunked", "serve.chunk_size": "2048"})
+    size_for(graphs_follow, llama8b, H200)
+    assert graphs_follow.prefill.piecewise_graph_tokens[-1] == 2048
 
 
 def test_overrides_are_recorded_and_never_saved(tmp_path):

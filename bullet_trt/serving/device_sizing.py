@@ -2,8 +2,9 @@
 
 engine.yaml's decode slots (64), graphs (up to 64 rows) and chunk (512 tokens) suit two CPU
 cores; a GPU serving an 8B model sustained its measured rates with 1024 decode slots, graphs
-up to 1024 rows and 2048-token chunks (docs/benchmarks.md). With serve.sizing=auto each of
-those keys that no override names is set here, inside the engine process, from:
+up to 1024 rows, 2048-token chunks for bullet, and for chunked 1024-token chunks whose mixed
+steps replay piecewise CUDA graphs (docs/benchmarks.md). With serve.sizing=auto each of those
+keys that no override names is set here, inside the engine process, from:
 
 - memory: the KV pool's share of the device (kv.gpu_memory_fraction less the weights) over
   a typical decoding row's context bounds how many rows can hold their KV at once;
@@ -28,7 +29,16 @@ from bullet_trt.spatial.perf_model import ModelCost
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512,
                  640, 768, 896, 1024)
 MAX_DECODE_ROWS = 1024  # the largest decode batch calibrated and served so far
-GPU_CHUNK_TOKENS = 2048  # chunked mode's best measured chunk on an H100 (docs/benchmarks.md)
+# The best chunk measured on an H100 and an H200 (docs/benchmarks.md): bullet's prefill fuses
+# prompts up to it; chunked's mixed steps, once graphed, sustain the most at 1024 on both GPUs.
+GPU_CHUNK_TOKENS = {"bullet": 2048, "static": 2048, "chunked": 1024}
+PIECEWISE_STEP_TOKENS = 256  # the spacing of the piecewise graphs' token buckets, as measured
+
+
+def piecewise_buckets(chunk: int) -> list[int]:
+    """Token counts of chunked mode's piecewise graphs, the ones its measured rates ran with: a
+    mixed step of at most `chunk` tokens pads to the next (128, then every 256, then chunk)."""
+    return sorted({min(128, chunk), *range(PIECEWISE_STEP_TOKENS, chunk, PIECEWISE_STEP_TOKENS), chunk})
 
 
 @dataclass(frozen=True)
@@ -81,9 +91,13 @@ def size_for(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts) -> list[str]:
     if "decode.cuda_graph_batch_sizes" not in given:
         cfg.decode.cuda_graph_batch_sizes = [b for b in GRAPH_BUCKETS if b <= cfg.decode.max_num_seqs]
         notes.append(f"decode.cuda_graph_batch_sizes up to {cfg.decode.cuda_graph_batch_sizes[-1]}")
+    mode = cfg.serve.mode if cfg.serve.mode in GPU_CHUNK_TOKENS else "bullet"
     if "serve.chunk_size" not in given:
-        cfg.serve.chunk_size = min(GPU_CHUNK_TOKENS, cfg.prefill.max_num_batched_tokens)
+        cfg.serve.chunk_size = min(GPU_CHUNK_TOKENS[mode], cfg.prefill.max_num_batched_tokens)
         notes.append(f"serve.chunk_size={cfg.serve.chunk_size}")
+    if mode == "chunked" and "prefill.piecewise_graph_tokens" not in given:
+        cfg.prefill.piecewise_graph_tokens = piecewise_buckets(cfg.serve.chunk_size)
+        notes.append(f"prefill.piecewise_graph_tokens up to {cfg.serve.chunk_size}")
     return notes
 
 

@@ -36,7 +36,8 @@ def create_engine(cfg: EngineConfig) -> EngineCore | SpatialEngine:
 
 def create_served_engine(cfg: EngineConfig) -> EngineCore | SpatialEngine:
     """The engine behind a server: its GPU calibrated if it was not (serve.calibrate), sized
-    for that GPU (serve.sizing), then built."""
+    for that GPU and mode (serve.sizing), then built."""
+    cfg.serve.mode = resolve_mode(cfg)
     ensure_calibrated(cfg)
     report(size_for_device(cfg))
     return create_engine(cfg)

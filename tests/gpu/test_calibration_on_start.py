@@ -15,7 +15,7 @@ from tests.checkpoints import make_variant
 
 def test_a_server_calibrates_an_uncalibrated_gpu_once_and_then_uses_it(tmp_path):
     engine = build_from_checkpoint(make_variant(tmp_path / "ckpt", "llama"), tmp_path / "engine",
-                                   max_model_len=1024, dtype="bfloat16")
+                                   max_model_len=512, dtype="bfloat16")
     cfg = load_engine_config(engine, {"device": "cuda", "kv.gpu_memory_fraction": "0.3"})
     gpu, sms = torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count
     assert needs_calibration(cfg) is not None

@@ -1,0 +1,69 @@
+# One GPU round, in stages that each fit one device call (10 minutes) on a warm machine:
+#   bash scripts/gpu_run.sh run bash docs/data/gpu_round_2026-11-25/run.sh STAGE
+# with GPU_RUN_DIR=/tmp/gr exported so that the venv, the engine and its calibration outlive a
+# stage. Stages:
+#   check    bench mixed-step (run after `bash scripts/gpu_run.sh tests tests/gpu/test_piecewise_graphs_gpu.py
+#            tests/gpu/test_calibration_on_start.py`, whose tests need the machine's own interpreter)
+#   calib    the performance model of this GPU for the served decode profile (serve.calibrate's
+#            own measurement, timed), copied to $OUT
+#   chunked  chunked serving at chunk 2048, eager mixed steps against piecewise graphs, at
+#            $RATES (60 s of arrivals each, ShareGPT-like, TTFT <= 1 s, TPOT <= 50 ms)
+#   graphs   chunked serving with piecewise graphs only, at each chunk size of $CHUNKS
+#   bullet   bullet serving at $RATES, same protocol and flags
+#   sizing   no flags (serve.mode=auto, serve.sizing=auto) against the hand-tuned bullet flags
+#            at $RATE
+set -u
+stage=${1:?stage}
+G="--set decode.cuda_graph_batch_sizes=[1,2,4,8,16,32,48,64,96,128,160,192,256,320,384,448,512,640,768,896,1024] --set decode.max_num_seqs=1024 --set serve.chunk_size=${CHUNK:-2048}"
+PW="--set prefill.piecewise_graph_tokens=[128,256,512,768,1024,1280,1536,1792,2048]"
+COMMON="--start-server --engine-dir $ENGINE --dataset sharegpt --duration 60 --ttft-slo-ms 1000 --tpot-slo-ms 50 --no-progress"
+clocks() { nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader; }
+h200_calibration() {  # the H200's stored calibration, which the server takes only on an H200
+  [ -f "$ENGINE/perf_model.yaml" ] || cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$ENGINE/perf_model.yaml"
+}
+serve() {  # serve LABEL TIMEOUT ARGS...
+  local label=$1 limit=$2
+  shift 2
+  timeout "$limit" python -m bullet_trt.tools.cli bench serve $COMMON --label "$label" --out "$OUT/serve" "$@" 2>&1 \
+    | grep -a -E "req/s|sized for|performance model|Error|error" | tail -8
+}
+pack() { [ -d "$OUT/serve" ] && tar czf "$OUT/serve_$stage.tar.gz" -C "$OUT" serve && rm -rf "$OUT/serve"; }
+h200_calibration
+clocks
+case "$stage" in
+  check)
+    timeout 220 python -m bullet_trt.tools.cli bench mixed-step --engine-dir "$ENGINE" \
+      --json "$OUT/mixed_step.json" 2>&1 | tail -16
+    ;;
+  calib)
+    start=$(date +%s)
+    timeout 560 python -c 'import sys
+from bullet_trt.config import load_engine_config
+from bullet_trt.serving.calibrate_on_start import ensure_calibrated
+ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE" 2>&1 | tail -5
+    echo "calibration took $(( $(date +%s) - start )) s"
+    cp "$ENGINE"/perf_model.*.yaml "$ENGINE"/perf_profile.*.json "$OUT/" 2>/dev/null
+    ;;
+  chunked)
+    serve chunked-eager 280 --modes chunked --rates "${RATES:?}" $G
+    serve chunked-graphs 300 --modes chunked --rates "$RATES" $G $PW
+    pack
+    ;;
+  graphs)
+    for chunk in ${CHUNKS:?}; do
+      serve chunked-graphs-$chunk 290 --modes chunked --rates "${RATES:?}" $G $PW \
+        --set serve.chunk_size=$chunk
+    done
+    pack
+    ;;
+  bullet)
+    serve bullet 560 --modes bullet --rates "${RATES:?}" $G
+    pack
+    ;;
+  sizing)
+    serve noflag 280 --modes auto --rates "${RATE:?}"
+    serve tuned 290 --modes bullet --rates "$RATE" $G
+    pack
+    ;;
+esac
+clocks
