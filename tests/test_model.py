@@ -250,6 +250,13 @@ def test_arch_family_specifics():
     assert wide.sliding_window is None
 
 
+def test_a_context_past_the_checkpoints_positions_is_refused_naming_both():
+    arch = ModelArch.from_hf_dict(base_config(max_position_embeddings=512))
+    arch.check_max_model_len(512)
+    with pytest.raises(ValueError, match="max_model_len 513 exceeds the checkpoint's max_position_embeddings 512"):
+        arch.check_max_model_len(513)
+
+
 @pytest.mark.parametrize("step,dense", [(1, []), (2, []), (3, [2]), (1, [0, 4])])
 def test_moe_layer_layout_follows_transformers(step, dense):
     """Which layers are sparse (decoder_sparse_step, mlp_only_layers), read off the modules

@@ -45,10 +45,6 @@ def build_shared_state(cfg: EngineConfig, share: bool = True, tp=None) -> tuple[
     device = tp.device if tp is not None else torch.device(cfg.resolve_device())
     shard = tp.shard if tp is not None else Shard()
     arch = ModelArch.from_checkpoint(cfg.checkpoint_path)
-    if cfg.max_model_len > arch.max_position_embeddings:
-        raise ValueError(f"max_model_len {cfg.max_model_len} exceeds the checkpoint's "
-                         f"max_position_embeddings {arch.max_position_embeddings} "
-                         f"({cfg.checkpoint_path / 'config.json'})")
     arch.check_max_model_len(cfg.max_model_len)
     bs = cfg.kv.block_size
     if device.type == "cuda" and bs & (bs - 1):

@@ -128,7 +128,11 @@ class ModelArch:
         return index in self.moe_layers
 
     def check_max_model_len(self, max_model_len: int) -> None:
-        """Sliding-window attention is not implemented: refuse contexts where it would matter."""
+        """Refuses contexts past the checkpoint's positions, and (sliding-window attention is not
+        implemented) past its window."""
+        if max_model_len > self.max_position_embeddings:
+            raise ValueError(f"max_model_len {max_model_len} exceeds the checkpoint's "
+                             f"max_position_embeddings {self.max_position_embeddings} ({self.source})")
         if self.sliding_window is not None and max_model_len > self.sliding_window:
             raise NotImplementedError(
                 f"{self.source}: sliding_window={self.sliding_window} but max_model_len={max_model_len}; "

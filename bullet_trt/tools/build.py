@@ -136,6 +136,7 @@ def build_from_checkpoint(checkpoint: Path, out: Path, max_model_len: int | None
         raise FileNotFoundError(f"{checkpoint / 'tokenizer.json'} not found: the tokenizer must "
                                 "be in the checkpoint directory as tokenizer.json")
     max_len = max_model_len or min(arch.max_position_embeddings, 8192)
+    arch.check_max_model_len(max_len)  # at build, not at the first server start
     prefill, decode = default_profiles(max_len)
     cfg = EngineConfig(checkpoint=str(checkpoint.resolve()), tokenizer=str(checkpoint.resolve()),
                        dtype=dtype, prefill=prefill, decode=decode,
@@ -215,8 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         out = build_dummy_engine(args.arch, args.out or PROJECT_ROOT / "engines" / args.arch,
                                  args.max_model_len, args.seed)
     elif args.checkpoint:
-        out = build_from_checkpoint(args.checkpoint, args.out or PROJECT_ROOT / "engines" / args.checkpoint.name,
-                                    args.max_model_len, args.dtype)
+        try:
+            out = build_from_checkpoint(args.checkpoint, args.out or PROJECT_ROOT / "engines" / args.checkpoint.name,
+                                        args.max_model_len, args.dtype)
+        except (ValueError, NotImplementedError, FileNotFoundError) as e:  # the checkpoint refuses the build
+            raise SystemExit(f"bullet-trt build: {e}")
     elif args.tiny_random:
         out = build_tiny_random_engine(args.out or TINY_RANDOM_ENGINE_DIR, args.seed, args.force)
     else:

@@ -382,7 +382,8 @@ class TritonPythonModel:
     def _on_engine_death(self, reason: str) -> None:
         (log.info if reason == SHUTTING_DOWN else log.error)("bullet: %s; the model is no longer ready", reason)
         self.metrics.set_ready(False)
-        if self.unload_on_failure:
+        # a shutdown unloads every model itself; asking for it again only logs a false error
+        if self.unload_on_failure and reason != SHUTTING_DOWN:
             threading.Thread(target=self._unload_self, name="bullet-unload", daemon=True).start()
 
     def _unload_self(self) -> None:
