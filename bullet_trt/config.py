@@ -31,6 +31,7 @@ class ProfileConfig:
     # Token counts of the piecewise CUDA graphs for steps with prompt tokens (chunked mode's
     # mixed batches; engine/piecewise_graphs.py): a step of up to the largest runs padded to
     # the next one, its attention eager between the graphs. Empty: such steps run eagerly.
+    # A GPU server in chunked mode gets them from serve.sizing=auto (serving/device_sizing.py).
     piecewise_graph_tokens: list[int] = field(default_factory=list)
 
 
