@@ -135,6 +135,8 @@ class WorkerSetup:
     splits: list[int]  # prefill SM counts the worker may be asked to run at
     # tensor parallelism: (engine.tp_group.Rendezvous of this role's workers, this rank)
     tp: Any = None
+    # stamp every step with the GPU's clock (spatial/step_clock.py), for the iteration log
+    gpu_clock: bool = False
 
 
 @dataclass
@@ -195,6 +197,7 @@ class BatchDone:
     measured_ms: float
     start: float = 0.0  # time.monotonic() when the step began, after any wait for the split
     waited_ms: float = 0.0  # for the decode worker to reach the split (RunBatch.after_decode_epoch)
+    gpu_window_ns: tuple[int, int] | None = None  # the step on the GPU's clock (WorkerSetup.gpu_clock)
 
 
 @dataclass
@@ -231,6 +234,7 @@ class DecodeStep:
     prompt_results: list[SampleResult] | None = None
     prompt_tokens: int = 0
     role: str = "decode"
+    gpu_window_ns: tuple[int, int] | None = None  # the step on the GPU's clock (WorkerSetup.gpu_clock)
 
 
 @dataclass

@@ -60,3 +60,49 @@ def test_overlap_report_counts_prefill_time_beside_decode_on_shared_sms():
     assert r["prefill_time_s"] == 0.15
     assert r["prefill_time_sharing_sms_s"] == 0.038  # 13 (5..18, counted once) + 5 + 20 ms
     assert r["decode_steps_on_whole_gpu"] == 0.6 and r["prefill_split_wait_ms_mean"] == 3.0
+
+
+def test_overlap_report_prefers_the_gpu_clock_and_says_what_the_host_clock_would_have_added():
+    """Host windows count launch and synchronize latency, so they can overlap where the GPU's
+    stamps show the steps one after the other; the report uses the stamps when every step
+    has them (ns since an epoch: too large for a float's precision unless offset first)."""
+    from bullet_trt.tools.bench.split_overlap import overlap_report
+    epoch = 1_764_000_000_000_000_000  # a globaltimer reading in 2025: ~1.8e18 ns
+
+    def rec(phase, t, ms, p, d, gpu_ms):
+        start_ns = epoch + int(gpu_ms[0] * 1e6)
+        return {"phase": phase, "t": t, "measured_ms": ms, "prefill_sms": p, "decode_sms": d,
+                "gpu_start_ns": start_ns, "gpu_end_ns": epoch + int(gpu_ms[1] * 1e6)}
+
+    records = [
+        # host: decode 0..12 ms on the whole GPU, prefill from 10 ms: 2 ms shared
+        # GPU: the decode step's kernels ended at 9.5 ms, the prefill's began at 10.2 ms
+        rec("decode", 0.000, 12, 0, 132, (0.3, 9.5)),
+        rec("prefill", 0.010, 40, 48, 0, (10.2, 48.2)),
+        rec("decode", 0.012, 10, 48, 84, (12.4, 21.0)),  # the complement: disjoint on both clocks
+    ]
+    r = overlap_report(records)
+    assert r["clock"] == "gpu"
+    assert r["prefill_time_s"] == 0.038 and r["prefill_time_sharing_sms_s"] == 0.0
+    assert r["host_clock_prefill_share_sharing_sms"] == 0.05  # 2 of 40 ms
+    del records[0]["gpu_start_ns"]  # one step unstamped: the host clock for all
+    r = overlap_report(records)
+    assert r["clock"] == "host" and r["prefill_share_sharing_sms"] == 0.05
+    assert "host_clock_prefill_share_sharing_sms" not in r
+
+
+def test_the_iteration_log_keeps_the_gpu_window_of_a_step(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from bullet_trt.spatial.iteration_log import IterationLog
+
+    log = IterationLog(str(tmp_path / "it.jsonl"), gpu_index=None, partitioned=True)
+    queues = SimpleNamespace(waiting=[], prefilling=[], decoding=[1, 2])
+    log.record("decode", SmSplit(132, 48), log.t0 + 0.5, log.t0 + 0.52, 2, 2, 9.0, 10.0, queues,
+               gpu_window_ns=(1_000_000_000_123, 1_000_010_000_456))
+    log.record("decode", SmSplit(132, 48), log.t0 + 0.6, log.t0 + 0.62, 2, 2, 9.0, 10.0, queues)
+    log.close()
+    first, second = (json.loads(line) for line in (tmp_path / "it.jsonl").read_text().splitlines())
+    assert (first["gpu_start_ns"], first["gpu_end_ns"]) == (1_000_000_000_123, 1_000_010_000_456)
+    assert "gpu_start_ns" not in second and second["decode_sms"] == 84

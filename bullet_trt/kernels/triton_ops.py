@@ -1,7 +1,8 @@
 """Triton GPU kernels with the same names and signatures as ``reference.py``.
 
-Imported only on CUDA (``ops_for``); this module and the one it gathers the MoE ops from
-(``triton_moe.py``) are the only ones that import Triton. Every kernel accumulates in fp32 and
+Imported only on CUDA (``ops_for``); this module, the one it gathers the MoE ops from
+(``triton_moe.py``) and the GPU clock (``triton_clock.py``) are the only ones that import
+Triton. Every kernel accumulates in fp32 and
 takes bf16, fp16 or fp32 tensors.
 
 Attention reads K/V straight from the paged cache (2, num_blocks, block_size, Hkv, D):

@@ -110,7 +110,8 @@ class SpatialEngine:
         self.prefill, self.decode = (
             SessionWorker(role, self.state, profile, self.partitioner.name, self.splits, envs[role],
                           outbox=self.results, decode_epoch=self.decode_epoch,
-                          tp=(rendezvous[role], 0) if ranks is not None else None)
+                          tp=(rendezvous[role], 0) if ranks is not None else None,
+                          gpu_clock=bool(s.iteration_log))
             for role, profile in worker_profiles(cfg).items())
         if ranks is not None:
             ranks.pool_ready(self.state.num_blocks)
@@ -421,7 +422,8 @@ class SpatialEngine:
         outputs = self._prefilled(job, done.results)
         self.last_sms = (self.partitioner.total_sms and sms, self.last_sms[1])
         self.log.record("prefill", job.split, done.start, received, len(job.seqs), sum(job.tokens),
-                        job.predicted_ms, done.measured_ms, self.queues, split_wait_ms=done.waited_ms)
+                        job.predicted_ms, done.measured_ms, self.queues, split_wait_ms=done.waited_ms,
+                        gpu_window_ns=done.gpu_window_ns)
         return outputs
 
     def _prefill_failed(self, job: PrefillJob, trace: str) -> list[RequestOutput]:
@@ -475,10 +477,11 @@ class SpatialEngine:
             outputs += self._prefilled(job, step.prompt_results)
             self.log.record("fused", step.split, step.start, received, rows + len(job.seqs),
                             rows + step.prompt_tokens, predicted, step.measured_ms, self.queues,
-                            host_gap_ms=step.idle_ms)
+                            host_gap_ms=step.idle_ms, gpu_window_ns=step.gpu_window_ns)
             return outputs
         predicted = self.perf.decode_ms(rows, step.total_ctx, sms)
         self.perf.observe("decode", predicted, step.measured_ms, sms)
         self.log.record("decode", step.split, step.start, received, rows, rows, predicted, step.measured_ms,
-                        self.queues, host_gap_ms=step.idle_ms, prefill_in_flight=self.prefilling is not None)
+                        self.queues, host_gap_ms=step.idle_ms, prefill_in_flight=self.prefilling is not None,
+                        gpu_window_ns=step.gpu_window_ns)
         return outputs

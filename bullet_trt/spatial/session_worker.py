@@ -18,6 +18,7 @@ takes to the others (rank_mirror.py), so that all of them run every step togethe
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import queue
@@ -37,6 +38,7 @@ from bullet_trt.protocol import (BatchDone, BatchFailed, DecodeStep, DecodeStepF
 from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
 from bullet_trt.spatial.partitioners import make_partitioner
 from bullet_trt.spatial.rank_mirror import FollowerOutbox, RankMirror
+from bullet_trt.spatial.step_clock import GpuStepClock
 
 
 def worker_profiles(cfg) -> dict:
@@ -76,6 +78,7 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
         # has the still-empty pool to itself.
         session.warm_up()
         _capture_graphs(session, part, name, splits, set_num_sms)
+        clock = _start_clock(device, part, splits) if setup.gpu_clock and device.type == "cuda" else None
         freeze_startup_objects()
         outbox.put(WorkerReady(name, os.getpid(), part.describe(), session.model.fused_groups))
     except Exception:
@@ -109,9 +112,9 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                 case RunBatch(items=items, split=split, after_decode_epoch=epoch):
                     try:
                         waited_ms = _wait_for_epoch(decode_epoch, epoch, parent)
-                        results, elapsed_ms, start = _timed_run(session, device, part, name, split, set_num_sms,
-                                                                items)
-                        outbox.put(BatchDone(name, results, elapsed_ms, start, waited_ms))
+                        results, elapsed_ms, start, gpu_window = _timed_run(session, device, part, name, split,
+                                                                            set_num_sms, items, clock)
+                        outbox.put(BatchDone(name, results, elapsed_ms, start, waited_ms, gpu_window))
                     except Exception:
                         if not device_usable(device):
                             outbox.put(WorkerFatal(name, traceback.format_exc()))
@@ -126,8 +129,8 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
             continue
         rows = [item for _, item in ran]
         try:
-            results, elapsed_ms, start = _timed_run(session, device, part, name, batch.split,
-                                                    set_num_sms, rows + prompts)
+            results, elapsed_ms, start, gpu_window = _timed_run(session, device, part, name, batch.split,
+                                                                set_num_sms, rows + prompts, clock)
         except Exception:
             trace = traceback.format_exc()
             if not device_usable(device):
@@ -149,7 +152,7 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                           measured_ms=elapsed_ms,
                           idle_ms=None if last_step_end is None else (start - last_step_end) * 1e3,
                           prompt_results=results[len(rows):] if prompts else None,
-                          prompt_tokens=sum(len(it.input_token_ids) for it in prompts))
+                          prompt_tokens=sum(len(it.input_token_ids) for it in prompts), gpu_window_ns=gpu_window)
         batch.advance(ran, tokens)
         last_step_end = time.monotonic()
         outbox.put(step)
@@ -170,22 +173,45 @@ def _wait_for_epoch(decode_epoch, epoch: int, parent, limit_s: float = 5.0) -> f
     return (time.monotonic() - start) * 1e3
 
 
-def _timed_run(session, device, part, role: str, split: SmSplit, set_num_sms, items):
+def _timed_run(session, device, part, role: str, split: SmSplit, set_num_sms, items,
+               clock: GpuStepClock | None = None):
     """Runs one step on this role's partition of `split`, waits for it; returns the results,
-    the elapsed milliseconds and the start (time.monotonic())."""
+    the elapsed milliseconds and the start (time.monotonic()), and with a clock the step's
+    window on the GPU's clock (else None)."""
     stream = part.stream(split.prefill)
     if set_num_sms is not None:
         set_num_sms(split.sms_of(role))
     start = time.monotonic()
-    if stream is not None:
-        with torch.cuda.stream(stream):
-            results = session.run(items)
-        stream.synchronize()
-    else:
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        if clock is not None:
+            clock.begin()
         results = session.run(items)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    return results, (time.monotonic() - start) * 1e3, start
+        if clock is not None:
+            clock.finish()
+    if stream is not None:
+        stream.synchronize()
+    elif device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed_ms = (time.monotonic() - start) * 1e3
+    return results, elapsed_ms, start, clock.window_ns() if clock is not None else None
+
+
+def _start_clock(device, part, splits: list[int]) -> GpuStepClock:
+    """The GPU step clock, its kernel compiled and loaded on every stream the worker steps on
+    before serving, so that no step pays for it."""
+    clock = GpuStepClock(device)
+    for prefill in dict.fromkeys([*splits, None]):
+        try:
+            stream = part.stream(prefill)
+        except ValueError:  # a static split serves only its own partition
+            continue
+        with torch.cuda.stream(stream):
+            clock.begin()
+            clock.finish()
+        if stream is not None:
+            stream.synchronize()
+    torch.cuda.synchronize(device)
+    return clock
 
 
 def _capture_graphs(session, part, role: str, splits: list[int], set_num_sms) -> None:
@@ -221,7 +247,7 @@ class SessionWorker:
     def __init__(self, name: str, state, profile, partitioner_kind: str = "none",
                  splits: list[int] | None = None, env: dict | None = None, outbox=None,
                  threads: int | None = None, start_timeout_s: float = 300.0, decode_epoch=None,
-                 tp: tuple | None = None):
+                 tp: tuple | None = None, gpu_clock: bool = False):
         ctx = mp.get_context("spawn")
         self.name = name
         self.inbox = ctx.Queue()
@@ -235,7 +261,7 @@ class SessionWorker:
             # the cores shared out among the two workers of every rank
             threads = max(1, (os.cpu_count() or 2) // (2 * state.shard.size))
         # tp: (Rendezvous, rank) of this role's workers on every rank (rank_mirror.py)
-        self.inbox.put(WorkerSetup(state, profile, threads, partitioner_kind, list(splits or []), tp))
+        self.inbox.put(WorkerSetup(state, profile, threads, partitioner_kind, list(splits or []), tp, gpu_clock))
         ready = self._receive(start_timeout_s)
         if not isinstance(ready, WorkerReady):
             raise WorkerDied(f"{name} worker failed to start:\n{getattr(ready, 'trace', ready)}")

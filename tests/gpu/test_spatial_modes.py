@@ -34,7 +34,22 @@ def check_splits(records: list[dict], total: int, splits: list[int]) -> list[dic
         assert r["sms"] == (r["prefill_sms"] if r["phase"] == "prefill" else r["decode_sms"]), r
     for r in records:
         assert 0 < r["sms"] <= total, r
+    check_gpu_clock(records)
     return split
+
+
+def check_gpu_clock(records: list[dict]) -> None:
+    """Every step carries its window on the GPU's clock (serve.iteration_log turns the stamps
+    on); one worker's steps run one after the other, so its windows are ordered, and each lies
+    inside the host's window of the same step (checked by length: the two clocks' epochs
+    differ; 50 us of slack for the timer's update step)."""
+    for r in records:
+        assert 0 < r["gpu_start_ns"] < r["gpu_end_ns"], r
+        assert r["gpu_end_ns"] - r["gpu_start_ns"] <= r["measured_ms"] * 1e6 + 50_000, r
+    for phases in (("prefill",), ("decode", "fused")):
+        mine = sorted((r for r in records if r["phase"] in phases), key=lambda r: r["gpu_start_ns"])
+        for a, b in zip(mine, mine[1:]):
+            assert b["gpu_start_ns"] >= a["gpu_end_ns"], (a, b)
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,12 @@ prefill also held, how often the split changed, and where decode steps ran.
 
     bullet-trt bench overlap iterations.jsonl [--json]
 
-Steps are intervals [t, t + measured_ms] of one monotonic clock shared by the worker
-processes; a prefill on P SMs and a decode step on D SMs share SMs when P + D exceeds the
-GPU's SMs (a decode step on the whole GPU always does).
+On a GPU each step is the interval between the stamps of the GPU's own clock that the worker
+queued before and after it on its stream (gpu_start_ns, gpu_end_ns: one device timer for both
+workers); a log without them (CPU, or an older log) falls back to the host's window [t, t +
+measured_ms] of one monotonic clock, which also counts launch and synchronize latency. The
+report says which clock it used. A prefill on P SMs and a decode step on D SMs share SMs when
+P + D exceeds the GPU's SMs (a decode step on the whole GPU always does).
 """
 from __future__ import annotations
 
@@ -17,15 +20,22 @@ import sys
 from bullet_trt.tools.bench.plot_iterations import load
 
 
-def overlap_report(records: list[dict]) -> dict:
-    total = max((max(r.get("prefill_sms", 0), r.get("decode_sms", 0)) for r in records), default=0)
-    prefills = [r for r in records if r["phase"] == "prefill"]
-    decodes = [r for r in records if r["phase"] in ("decode", "fused")]
+def step_windows(records: list[dict], clock: str) -> list[tuple[float, float]]:
+    """Each record's (start, end) in seconds on `clock`: "gpu" (its stamps) or "host"."""
+    if clock == "gpu":
+        t0 = min(r["gpu_start_ns"] for r in records)  # integers first: ns since an epoch overflow a float's precision
+        return [((r["gpu_start_ns"] - t0) / 1e9, (r["gpu_end_ns"] - t0) / 1e9) for r in records]
+    return [(r["t"], r["t"] + r["measured_ms"] / 1e3) for r in records]
+
+
+def _prefill_time_sharing_sms(records: list[dict], windows: list[tuple[float, float]], total: int):
+    """(prefill seconds, of which seconds beside a decode step on SMs the prefill also held)."""
+    prefills = [(r, w) for r, w in zip(records, windows) if r["phase"] == "prefill"]
+    decodes = [(r, w) for r, w in zip(records, windows) if r["phase"] in ("decode", "fused")]
     prefill_s = shared_s = 0.0
-    for p in prefills:
-        p0, p1 = p["t"], p["t"] + p["measured_ms"] / 1e3
+    for p, (p0, p1) in prefills:
         prefill_s += p1 - p0
-        spans = sorted((max(p0, d["t"]), min(p1, d["t"] + d["measured_ms"] / 1e3)) for d in decodes
+        spans = sorted((max(p0, d0), min(p1, d1)) for d, (d0, d1) in decodes
                        if p["prefill_sms"] + d["decode_sms"] > total)
         end = p0
         for a, b in spans:  # union of the overlapping decode steps inside this prefill
@@ -33,8 +43,19 @@ def overlap_report(records: list[dict]) -> dict:
             if b > a:
                 shared_s += b - a
                 end = b
+    return prefill_s, shared_s
+
+
+def overlap_report(records: list[dict]) -> dict:
+    total = max((max(r.get("prefill_sms", 0), r.get("decode_sms", 0)) for r in records), default=0)
+    prefills = [r for r in records if r["phase"] == "prefill"]
+    decodes = [r for r in records if r["phase"] in ("decode", "fused")]
+    stamped = bool(records) and all("gpu_start_ns" in r for r in records)
+    clock = "gpu" if stamped else "host"
+    prefill_s, shared_s = _prefill_time_sharing_sms(records, step_windows(records, clock), total)
     splits = [r["prefill_sms"] for r in prefills]
-    return {
+    report = {
+        "clock": clock,
         "total_sms": total,
         "prefills": len(prefills),
         "decode_steps": len(decodes),
@@ -47,6 +68,11 @@ def overlap_report(records: list[dict]) -> dict:
         "prefill_split_wait_ms_mean": round(sum(p.get("split_wait_ms", 0.0) for p in prefills) / len(prefills), 3)
         if prefills else 0.0,
     }
+    if stamped:  # what the host's windows would have said, to show what they add
+        host_prefill_s, host_shared_s = _prefill_time_sharing_sms(records, step_windows(records, "host"), total)
+        report["host_clock_prefill_share_sharing_sms"] = (round(host_shared_s / host_prefill_s, 4)
+                                                         if host_prefill_s else 0.0)
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,8 @@
 #   bullet   bullet serving at $RATES, same protocol and flags
 #   sizing   no flags (serve.mode=auto, serve.sizing=auto) against the hand-tuned bullet flags
 #            at $RATE
+#   overlap  bullet at $RATE with the iteration log (GPU-clock stamps), prefill starting at once
+#            and waiting for decode's move (serve.prefill_waits_for_split), then `bench overlap`
 set -u
 stage=${1:?stage}
 G="--set decode.cuda_graph_batch_sizes=[1,2,4,8,16,32,48,64,96,128,160,192,256,320,384,448,512,640,768,896,1024] --set decode.max_num_seqs=1024 --set serve.chunk_size=${CHUNK:-2048}"
@@ -63,6 +65,16 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
   sizing)
     serve noflag 280 --modes auto --rates "${RATE:?}"
     serve tuned 290 --modes bullet --rates "$RATE" $G
+    pack
+    ;;
+  overlap)
+    for wait in false true; do
+      serve bullet-wait-$wait 280 --modes bullet --rates "${RATE:?}" $G \
+        --set serve.prefill_waits_for_split=$wait --set serve.iteration_log="$OUT/iter_wait_$wait.jsonl"
+      python -m bullet_trt.tools.cli bench overlap "$OUT/iter_wait_$wait.jsonl" --json \
+        | tee "$OUT/overlap_wait_$wait.json"
+      gzip -f "$OUT/iter_wait_$wait.jsonl"
+    done
     pack
     ;;
 esac
