@@ -12,6 +12,9 @@
 #   bullet   bullet serving at $RATES, same protocol and flags
 #   sizing   no flags (serve.mode=auto, serve.sizing=auto) against the hand-tuned bullet flags
 #            at $RATE
+#   protocol one mode ($MODE: chunked with piecewise graphs at $CHUNK, or bullet) at one $RATE,
+#            ${REPEATS:-3} seeds from ${SEED:-100} x 120 s of arrivals: the repeated protocol, one
+#            (mode, rate) per device call
 #   overlap  bullet at $RATE with the iteration log (GPU-clock stamps), prefill starting at once
 #            and waiting for decode's move (serve.prefill_waits_for_split), then `bench overlap`
 set -u
@@ -65,6 +68,13 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
   sizing)
     serve noflag 280 --modes auto --rates "${RATE:?}"
     serve tuned 290 --modes bullet --rates "$RATE" $G
+    pack
+    ;;
+  protocol)
+    graphs=""
+    [ "${MODE:?}" = chunked ] && graphs=$PW
+    serve "$MODE-${CHUNK:-2048}-r$RATE" 590 --modes "$MODE" --rates "${RATE:?}" $G $graphs \
+      --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}"
     pack
     ;;
   overlap)
