@@ -14,8 +14,10 @@ from tests.polling import wait_for
 from tests.tiny_engine import tiny_engine
 from tests.triton_fixture import GrpcStreams, start_server
 
-LONG = 4000  # tokens: a request that holds its slot while a test looks at the server
-MAX_MODEL_LEN = 4096
+LONG = 16000  # tokens: a request that holds its slot while a test looks at the server (seconds of
+# decoding even for this tiny model, so that a client slowed by a busy machine still finds it
+# running; two of them fit the pool, so nothing is preempted)
+MAX_MODEL_LEN = 16384
 
 
 @pytest.fixture(scope="module")
