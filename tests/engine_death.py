@@ -225,7 +225,7 @@ def run(*, streams: int = 150, interval_ms: float = 10.0, arrive_before_s: float
 
     groups: list[Group] = []
     try:
-        srv.wait_until_ready(proc, grpc_url, start_timeout_s, model, log_tail)
+        srv.wait_until_ready(proc, grpc_url, start_timeout_s, model, log_tail, http_url=http_url)
         try:  # tritonserver prints raw addresses when it crashes; the maps resolve them
             (log_file.parent / f"{log_file.name}.maps").write_text(Path(f"/proc/{proc.pid}/maps").read_text())
         except OSError:

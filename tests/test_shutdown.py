@@ -84,7 +84,8 @@ def start(command: str, engine_dir: Path, tmp_path: Path) -> tuple[subprocess.Po
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
-        srv.wait_until_ready(proc, f"127.0.0.1:{grpc}", 300, log_tail=lambda: log.read_text(errors="replace"))
+        srv.wait_until_ready(proc, f"127.0.0.1:{grpc}", 300, log_tail=lambda: log.read_text(errors="replace"),
+                             http_url=f"127.0.0.1:{http}")
         wait_for(lambda: openai_ready(openai) or proc.poll() is not None, "the OpenAI front end")
         if command == "demo":
             wait_for(lambda: "demo: serving" in log.read_text(errors="replace") or proc.poll() is not None,

@@ -127,7 +127,8 @@ def start_server(tmp_dir: Path, name: str = "server", overrides: dict | None = N
                       grpc_port=ports[1], metrics_port=ports[2])
     server = TritonServer(proc, *ports, log_file=log_file)
     try:
-        srv.wait_until_ready(proc, server.grpc_url, START_TIMEOUT_S, server.model, server.log_tail)
+        srv.wait_until_ready(proc, server.grpc_url, START_TIMEOUT_S, server.model, server.log_tail,
+                             http_url=server.http_url)
     except srv.ServerNotReady:
         server.stop()
         raise

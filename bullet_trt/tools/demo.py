@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                 **openai_launch.launch_arguments(args, engine, args.grpc_port, overrides)), essential=False)
             print(f"demo: OpenAI API pid {front.pid} starting (log {front_log})", flush=True)
         try:
-            server.wait_until_ready(proc, f"{address}:{args.grpc_port}", timeout_s=600)
+            server.wait_until_ready(proc, f"{address}:{args.grpc_port}", timeout_s=600,
+                                    http_url=f"{address}:{args.http_port}")
             if front is not None:
                 openai_launch.wait_until_ready(front, f"http://{args.openai_host}:{args.openai_port}")
         except (server.ServerNotReady, RuntimeError) as e:

@@ -208,9 +208,11 @@ class ServerNotReady(RuntimeError):
 
 
 def wait_until_ready(proc: subprocess.Popen, grpc_url: str, timeout_s: float, model: str = "bullet",
-                     log_tail=lambda: "") -> None:
-    """Blocks until tritonserver reports the server and `model` ready; raises ServerNotReady
-    (with the log tail) when the process exits first or `timeout_s` passes."""
+                     log_tail=lambda: "", http_url: str | None = None) -> None:
+    """Blocks until tritonserver reports the server and `model` ready, over gRPC and, with
+    `http_url`, over HTTP too; raises ServerNotReady (with the log tail) when the process exits
+    first or `timeout_s` passes. tritonserver opens its HTTP port after its gRPC one, so a
+    client that asks over HTTP the moment gRPC says ready can be refused without the check."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(grpc_url)
@@ -220,7 +222,8 @@ def wait_until_ready(proc: subprocess.Popen, grpc_url: str, timeout_s: float, mo
             if proc.poll() is not None:
                 raise ServerNotReady(f"tritonserver exited with {proc.returncode} during start-up:\n{log_tail()}")
             try:
-                if client.is_server_ready() and client.is_model_ready(model):
+                if (client.is_server_ready() and client.is_model_ready(model)
+                        and (http_url is None or _http_ready(http_url, model))):
                     return
             except Exception:  # noqa: BLE001 - not listening yet
                 pass
@@ -229,6 +232,13 @@ def wait_until_ready(proc: subprocess.Popen, grpc_url: str, timeout_s: float, mo
             time.sleep(0.5)
     finally:
         client.close()
+
+
+def _http_ready(http_url: str, model: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/ready", timeout=5) as r:
+        return r.status == 200
 
 
 def free_port() -> int:

@@ -32,7 +32,8 @@ class ManagedServer:
 
     def _wait_ready(self, timeout_s: float) -> None:
         try:
-            srv.wait_until_ready(self.proc, self.url, timeout_s, self.model, self._log_tail)
+            srv.wait_until_ready(self.proc, self.url, timeout_s, self.model, self._log_tail,
+                                 http_url=f"localhost:{self.http_port}")
         except srv.ServerNotReady as e:
             self.stop()
             raise RuntimeError(f"{e}\n(log {self.log_file})") from None
