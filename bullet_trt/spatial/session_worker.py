@@ -192,23 +192,29 @@ def _timed_run(session, device, part, role: str, split: SmSplit, set_num_sms, it
         stream.synchronize()
     elif device.type == "cuda":
         torch.cuda.synchronize(device)
-    elapsed_ms = (time.monotonic() - start) * 1e3
-    return results, elapsed_ms, start, clock.window_ns() if clock is not None else None
+    return results, (time.monotonic() - start) * 1e3, start, clock.window_ns() if clock is not None else None
+
+
+def _step_streams(part, splits: list[int]):
+    """(prefill SMs of the split, its stream) for each partition the worker may be given and
+    the whole GPU (None: the current stream)."""
+    for prefill in dict.fromkeys([*splits, None]):  # a static MPS split first: it is its stream
+        try:
+            stream = part.stream(prefill)
+        except ValueError:  # a static split serves only its own partition
+            continue
+        yield prefill, stream
 
 
 def _start_clock(device, part, splits: list[int]) -> GpuStepClock:
     """The GPU step clock, its kernel compiled and loaded on every stream the worker steps on
     before serving, so that no step pays for it."""
     clock = GpuStepClock(device)
-    for prefill in dict.fromkeys([*splits, None]):
-        try:
-            stream = part.stream(prefill)
-        except ValueError:  # a static split serves only its own partition
-            continue
+    for _, stream in _step_streams(part, splits):
         with torch.cuda.stream(stream):
             clock.begin()
             clock.finish()
-        if stream is not None:
+        if stream is not None:  # a green context's stream: the device synchronize below misses it
             stream.synchronize()
     torch.cuda.synchronize(device)
     return clock
@@ -219,11 +225,7 @@ def _capture_graphs(session, part, role: str, splits: list[int], set_num_sms) ->
     GPU, every batch bucket), captured before serving rather than at first use."""
     if getattr(session, "graphs", None) is None:
         return
-    for prefill in dict.fromkeys([*splits, None]):  # a static MPS split first: it is its stream
-        try:
-            stream = part.stream(prefill)
-        except ValueError:  # a static split serves only its own partition
-            continue
+    for prefill, stream in _step_streams(part, splits):
         if set_num_sms is not None:
             set_num_sms(SmSplit(part.total_sms, prefill).sms_of(role))
         with torch.cuda.stream(stream):  # None: the current stream

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,8 +236,6 @@ def wait_until_ready(proc: subprocess.Popen, grpc_url: str, timeout_s: float, mo
 
 
 def _http_ready(http_url: str, model: str) -> bool:
-    import urllib.request
-
     with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/ready", timeout=5) as r:
         return r.status == 200
 
