@@ -27,9 +27,15 @@ from bullet_trt.model.default_tokenizer import BOS
 from bullet_trt.serving.openai import launch as openai_launch
 from bullet_trt.serving.triton.server import free_port
 from tests.polling import wait_for
-from tests.triton_fixture import ensure_tiny_random_engine, pid_alive, start_server
+from tests.tiny_engine import tiny_engine
+from tests.triton_fixture import pid_alive, start_server
 
 MODEL = "bullet"
+# A request held with min_tokens must still be running when the test looks at the server: 900
+# tokens of the tiny model took about a second on a fast CI machine, shorter than the test's
+# own steps; 15000 take many seconds on any machine.
+HELD_TOKENS = 15000
+MAX_MODEL_LEN = 16384
 KEY = "test-key-123"
 # Meta-Llama-3-Instruct's template: the front end renders it and sends the text to Triton.
 TEMPLATE = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
@@ -69,16 +75,21 @@ class Front:
 
 
 @pytest.fixture(scope="module")
-def triton(tmp_path_factory):
-    srv = start_server(tmp_path_factory.mktemp("triton"), "openai")
+def engine_dir(tmp_path_factory) -> Path:
+    return tiny_engine(tmp_path_factory.mktemp("tiny") / "engine", max_model_len=MAX_MODEL_LEN)
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory, engine_dir):
+    srv = start_server(tmp_path_factory.mktemp("triton"), "openai", engine_dir=engine_dir)
     yield srv
     srv.stop()
 
 
-def _start_front(triton, tmp: Path, name: str, api_key: str | None, chat_template: Path | None) -> Front:
+def _start_front(triton, engine_dir: Path, tmp: Path, name: str, api_key: str | None, chat_template: Path | None) -> Front:
     port = free_port()
     log = tmp / f"{name}.log"
-    proc = openai_launch.launch(ensure_tiny_random_engine(), triton.grpc_url, port=port, api_key=api_key,
+    proc = openai_launch.launch(engine_dir, triton.grpc_url, port=port, api_key=api_key,
                                 chat_template=chat_template, log_file=log)
     try:
         openai_launch.wait_until_ready(proc, f"http://127.0.0.1:{port}")
@@ -89,11 +100,12 @@ def _start_front(triton, tmp: Path, name: str, api_key: str | None, chat_templat
 
 
 @pytest.fixture(scope="module")
-def fronts(triton, tmp_path_factory):
+def fronts(triton, engine_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("openai")
     template = tmp / "chat_template.jinja"
     template.write_text(TEMPLATE)
-    started = [_start_front(triton, tmp, "front", KEY, template), _start_front(triton, tmp, "bare", None, None)]
+    started = [_start_front(triton, engine_dir, tmp, "front", KEY, template),
+               _start_front(triton, engine_dir, tmp, "bare", None, None)]
     yield started
     for f in started:
         openai_launch.stop(f.proc)
@@ -218,15 +230,17 @@ def test_n_above_one_is_refused(client):
     ("completions", {"temperature": -0.5}, "temperature", "temperature must be >= 0, got -0.5"),
     ("completions", {"top_p": 0}, "top_p", "top_p must be in (0, 1], got 0.0"),
     ("completions", {"max_tokens": 0}, "max_tokens", "max_tokens must be >= 1, got 0"),
-    ("completions", {"max_tokens": 5000}, "max_tokens", "max_tokens must be <= 1023"),
+    ("completions", {"max_tokens": MAX_MODEL_LEN + 1}, "max_tokens", f"max_tokens must be <= {MAX_MODEL_LEN - 1}"),
     ("completions", {"seed": -1}, "seed", "seed must be in [0, 2^64), got -1"),
-    ("completions", {"prompt": "hello " * 1500}, "prompt", "prompt is too long"),
+    ("completions", {"prompt": "hello " * (MAX_MODEL_LEN + 100)}, "prompt", "prompt is too long"),
     ("completions", {"prompt": ""}, "prompt", "prompt is empty"),
     ("completions", {"presence_penalty": 0.5}, "presence_penalty", "presence_penalty is not supported"),
     ("completions", {"temperature": "hot"}, "temperature", "temperature"),
-    ("chat", {"max_completion_tokens": 5000}, "max_completion_tokens", "max_completion_tokens must be <= 1023"),
+    ("chat", {"max_completion_tokens": MAX_MODEL_LEN + 1}, "max_completion_tokens",
+     f"max_completion_tokens must be <= {MAX_MODEL_LEN - 1}"),
     ("chat", {"messages": []}, "messages", "messages"),
-    ("chat", {"messages": [{"role": "user", "content": "hello " * 1500}]}, "messages", "messages is too long"),
+    ("chat", {"messages": [{"role": "user", "content": "hello " * (MAX_MODEL_LEN + 100)}]}, "messages",
+     "messages is too long"),
 ])
 def test_bad_values_are_400_naming_the_field(client, endpoint, extra, param, message):
     with pytest.raises(openai.BadRequestError) as e:
@@ -292,7 +306,8 @@ def test_client_that_leaves_mid_stream_frees_its_kv_blocks(client, triton, endpo
     total = triton.metric("bullet_kv_blocks_free") + triton.metric("bullet_kv_blocks_used")
     aborts = triton.metric("bullet_requests_finished_total", reason="abort")
     # min_tokens (an extension vLLM has too) keeps the request from ending on its own first.
-    args = dict(model=MODEL, max_tokens=900, temperature=0, stream=True, extra_body={"min_tokens": 900})
+    args = dict(model=MODEL, max_tokens=HELD_TOKENS, temperature=0, stream=True,
+                extra_body={"min_tokens": HELD_TOKENS})
     if endpoint == "completions":
         stream = client.completions.create(prompt="A very long story", **args)
     else:
@@ -308,12 +323,12 @@ def test_client_that_leaves_mid_stream_frees_its_kv_blocks(client, triton, endpo
     wait_for(lambda: triton.metric("bullet_kv_blocks_free") == total, what="KV blocks back in the pool")
 
 
-def test_front_end_exits_when_its_parent_dies(triton, tmp_path):
+def test_front_end_exits_when_its_parent_dies(triton, engine_dir, tmp_path):
     """A parent killed with SIGKILL has no chance to stop its children; the kernel's
     parent-death signal stops the front end all the same."""
     port = free_port()
     code = ("import sys, time\nfrom bullet_trt.serving.openai import launch\n"
-            f"p = launch.launch({str(ensure_tiny_random_engine())!r}, {triton.grpc_url!r}, port={port}, "
+            f"p = launch.launch({str(engine_dir)!r}, {triton.grpc_url!r}, port={port}, "
             f"log_file={str(tmp_path / 'child.log')!r})\n"
             "print(p.pid, flush=True)\ntime.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
@@ -338,21 +353,22 @@ def _healthy(port: int) -> bool:
         return False
 
 
-def test_engine_death_is_429_then_503(tmp_path):
+def test_engine_death_is_429_then_503(engine_dir, tmp_path):
     """Triton's UNAVAILABLE (here: the engine died under a request) is a 429 with Retry-After,
     and a model Triton no longer serves (it unloads itself after that) a 503. Its own server,
     since the engine does not come back."""
-    srv = start_server(tmp_path, "dying")
+    srv = start_server(tmp_path, "dying", engine_dir=engine_dir)
     front = None
     try:
-        front = _start_front(srv, tmp_path, "front", None, None)
+        front = _start_front(srv, engine_dir, tmp_path, "front", None, None)
         total = srv.metric("bullet_kv_blocks_free") + srv.metric("bullet_kv_blocks_used")
         answers: list = []
 
         def long_request():
             try:
-                answers.append(front.client().completions.create(model=MODEL, prompt="A long story", max_tokens=900,
-                                                                 extra_body={"min_tokens": 900}))
+                answers.append(front.client().completions.create(model=MODEL, prompt="A long story",
+                                                                 max_tokens=HELD_TOKENS,
+                                                                 extra_body={"min_tokens": HELD_TOKENS}))
             except openai.APIStatusError as e:
                 answers.append(e)
 
