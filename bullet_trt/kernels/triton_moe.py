@@ -24,13 +24,12 @@ add nothing, so ranks holding disjoint ranges sum their outputs (docs/moe.md).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from bullet_trt.kernels.reference import moe_route
+from bullet_trt.kernels.triton_dot import UPCAST_DOT, mm
 
 __all__ = ["moe_route", "fused_moe", "moe_align_block_size", "moe_config", "compile_moe_variants"]
 
@@ -52,9 +51,6 @@ LARGE_ROWS_PER_EXPERT = 32
 # Forces the small (False) or large (True) tiles for every call when set (tests, warm-up).
 MOE_LARGE_OVERRIDE: bool | None = None
 
-# The Triton interpreter (TRITON_INTERPRET=1, CPU) computes bf16 tl.dot wrongly; there the
-# kernels feed fp32 copies of the operands to tl.dot instead (as triton_ops does).
-_UPCAST_DOT = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def moe_config(dtype: torch.dtype, num_assignments: int, num_local_experts: int) -> dict:
@@ -145,15 +141,6 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_local_experts
     return sorted_ids, block_expert, num_padded
 
 
-@triton.jit
-def _dot(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
-    if UPCAST:
-        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        c = tl.dot(a, b, input_precision=PREC)
-    return c
-
-
 # num_valid and num_rows change with the batch: kept out of Triton's specialization so that a
 # new batch size compiles nothing (see triton_ops on specialization).
 @triton.jit(do_not_specialize=["num_valid", "num_rows"])
@@ -195,10 +182,10 @@ def _moe_gemm_kernel(A, B, C, W, SORTED, BLOCK_EXPERT, NUM_PADDED,
         a = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
         b_mask = kmask[:, None] & cmask[None, :]
         b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        acc += _dot(a, b, DOT_PREC, UPCAST)
+        acc += mm(a, b, DOT_PREC, UPCAST)
         if GATE_UP:
             b_up = tl.load(b_ptrs + N * stride_bn, mask=b_mask, other=0.0)
-            acc_up += _dot(a, b_up, DOT_PREC, UPCAST)
+            acc_up += mm(a, b_up, DOT_PREC, UPCAST)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if GATE_UP:
@@ -220,7 +207,7 @@ def _gemm(a, b, c, weights, sorted_ids, block_expert, num_padded, num_valid, a_r
         a, b, c, weights, sorted_ids, block_expert, num_padded, n, b.shape[2], num_valid, num_rows,
         a.stride(0), b.stride(0), b.stride(1), c.stride(0), A_ROWS_PER_ID=a_rows_per_id,
         GATE_UP=gate_up, WEIGHTED=weights is not None and not gate_up, BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_K=bk, GROUP_M=gm, DOT_PREC=prec, UPCAST=_UPCAST_DOT, **cfg)
+        BLOCK_K=bk, GROUP_M=gm, DOT_PREC=prec, UPCAST=UPCAST_DOT, **cfg)
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Triton GPU kernels with the same names and signatures as ``reference.py``.
 
 Imported only on CUDA (``ops_for``); this module, the one it gathers the MoE ops from
-(``triton_moe.py``) and the GPU clock (``triton_clock.py``) are the only ones that import
-Triton. Every kernel accumulates in fp32 and
+(``triton_moe.py``), their shared tile product (``triton_dot.py``) and the GPU clock
+(``triton_clock.py``) are the only ones that import Triton. Every kernel accumulates in fp32 and
 takes bf16, fp16 or fp32 tensors.
 
 Attention reads K/V straight from the paged cache (2, num_blocks, block_size, Hkv, D):
@@ -24,13 +24,13 @@ Attention reads K/V straight from the paged cache (2, num_blocks, block_size, Hk
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from bullet_trt.kernels.metadata import AttentionMetadata
+from bullet_trt.kernels.triton_dot import UPCAST_DOT, mm
 from bullet_trt.kernels.triton_moe import compile_moe_variants, fused_moe, moe_route
 
 __all__ = ["rms_norm", "add_rms_norm", "silu_and_mul", "apply_rope", "write_kv_cache",
@@ -69,9 +69,6 @@ MAX_SPLITS = 64
 DECODE_SPLITS_OVERRIDE: int | None = None
 
 _NUM_SMS: int | None = None
-# The Triton interpreter (TRITON_INTERPRET=1, CPU) computes bf16 tl.dot wrongly; there the
-# attention kernels feed fp32 copies of the (already rounded) operands to tl.dot instead.
-_UPCAST_DOT = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # Set by the kernel tests: fresh outputs start as NaN so unwritten elements show up.
 _POISON = False
 
@@ -348,16 +345,6 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
 # ---------------------------------------------------------------------------- attention: decode
 
 
-@triton.jit
-def _mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
-    """a @ b with fp32 accumulation (a, b of one dtype)."""
-    if UPCAST:
-        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        c = tl.dot(a, b, input_precision=PREC)
-    return c
-
-
 @triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(Q, KV, CU, SEQ_LENS, BT, O, MID_O, MID_LSE,
                    stride_qt, stride_qh, stride_kv2, stride_kvb, stride_kvo, stride_kvh,
@@ -396,14 +383,14 @@ def _decode_kernel(Q, KV, CU, SEQ_LENS, BT, O, MID_O, MID_LSE,
         off = blk * stride_kvb + (pos % BLOCK_SIZE) * stride_kvo
         kv_mask = nmask[:, None] & dmask[None, :]
         k = tl.load(k_base + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = _mm(q, tl.trans(k.to(q.dtype)), DOT_PREC, UPCAST) * qk_scale
+        s = mm(q, tl.trans(k.to(q.dtype)), DOT_PREC, UPCAST) * qk_scale
         s = tl.where(nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(k_base + stride_kv2 + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + _mm(p.to(q.dtype), v.to(q.dtype), DOT_PREC, UPCAST)
+        acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), DOT_PREC, UPCAST)
         m_i = m_new
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -493,7 +480,7 @@ def _decode(q, kv_cache, meta, qk_scale, out, prec):
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         kv_cache.stride(3), tables.stride(0), out.stride(0), out.stride(1), sm[0], sm[1], sm[2],
         qk_scale, splits, HQ=HQ, G=G, G_PAD=g_pad, D=D, BLOCK_D=block_d, BLOCK_N=block_n,
-        BLOCK_SIZE=BS, DIRECT=direct, DOT_PREC=prec, UPCAST=_UPCAST_DOT, **cfg)
+        BLOCK_SIZE=BS, DIRECT=direct, DOT_PREC=prec, UPCAST=UPCAST_DOT, **cfg)
     if not direct:
         _decode_reduce_kernel[(B, HQ)](
             mid_o, mid_lse, meta.cu_seqlens_q, out, sm[0], sm[1], sm[2], out.stride(0),
@@ -590,13 +577,13 @@ def _prefill_kernel(Q, KV, CU, SEQ_LENS, BT, O,
         blk = tl.load(table + pos // BLOCK_SIZE).to(tl.int64)
         off = blk * stride_kvb + (pos % BLOCK_SIZE) * stride_kvo
         k = tl.load(k_base + off[:, None] + d[None, :], mask=dmask[None, :], other=0.0)
-        s = _mm(q, tl.trans(k.to(q.dtype)), DOT_PREC, UPCAST) * qk_scale
+        s = mm(q, tl.trans(k.to(q.dtype)), DOT_PREC, UPCAST) * qk_scale
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(k_base + stride_kv2 + off[:, None] + d[None, :], mask=dmask[None, :], other=0.0)
-        acc = acc * alpha[:, None] + _mm(p.to(q.dtype), v.to(q.dtype), DOT_PREC, UPCAST)
+        acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), DOT_PREC, UPCAST)
         m_i = m_new
     for n0 in range(full_end, kv_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
@@ -605,14 +592,14 @@ def _prefill_kernel(Q, KV, CU, SEQ_LENS, BT, O,
         off = blk * stride_kvb + (pos % BLOCK_SIZE) * stride_kvo
         kv_mask = nmask[:, None] & dmask[None, :]
         k = tl.load(k_base + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = _mm(q, tl.trans(k.to(q.dtype)), DOT_PREC, UPCAST) * qk_scale
+        s = mm(q, tl.trans(k.to(q.dtype)), DOT_PREC, UPCAST) * qk_scale
         s = tl.where((pos[None, :] <= q_pos[:, None]) & nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(k_base + stride_kv2 + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + _mm(p.to(q.dtype), v.to(q.dtype), DOT_PREC, UPCAST)
+        acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), DOT_PREC, UPCAST)
         m_i = m_new
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -640,7 +627,7 @@ def _prefill(q, kv_cache, meta, qk_scale, out, prec, skip_single):
         kv_cache.stride(3), tables.stride(0), out.stride(0), out.stride(1), qk_scale, B,
         G=G, D=D, BLOCK_D=triton.next_power_of_2(D), BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_SIZE=BS, BLOCK_B=max(16, triton.next_power_of_2(B)), SKIP_SINGLE=skip_single,
-        DOT_PREC=prec, UPCAST=_UPCAST_DOT, **cfg)
+        DOT_PREC=prec, UPCAST=UPCAST_DOT, **cfg)
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
