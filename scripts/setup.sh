@@ -6,7 +6,9 @@
 # Steps:
 #   1. .venv with $PYTHON (default python3; 3.10-3.13, the Python-backend stubs that ship)
 #   2. torch: on a machine without a GPU the CPU wheel torch==$TORCH_VERSION FIRST (an
-#      unpinned torch from PyPI pulls several GB of CUDA packages)
+#      unpinned torch from PyPI pulls several GB of CUDA packages), and triton==$TRITON_VERSION
+#      beside it (the CUDA torch brings its own), so that the Triton kernels' tests run in
+#      Triton's interpreter on CPU (scripts/test.sh)
 #   3. the project, editable, with its extras: nvidia-pytriton (tritonserver 2.51 + Python
 #      backend), tritonclient[all]==2.51.0 (perf_analyzer), nvidia-cuda-runtime-cu12
 #      (libcudart.so.12 for perf_analyzer), transformers + gguf (the default model's
@@ -19,6 +21,7 @@
 #
 # Env: PYTHON            interpreter to build the venv from (default python3)
 #      TORCH_VERSION     default 2.13.0
+#      TRITON_VERSION    default 3.6.0 (what the GPU machines' CUDA torch ships with)
 #      TORCH_CPU_INDEX   extra index with CPU wheels (default https://download.pytorch.org/whl/cpu;
 #                        set it empty when a local wheel house already has them)
 #      SKIP_APT=1        never call apt-get (print what is missing instead)
@@ -29,6 +32,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+TRITON_VERSION=${TRITON_VERSION:-3.6.0}
 SMOLLM2_VERSION=0.1.2
 TORCH_CPU_INDEX=${TORCH_CPU_INDEX-https://download.pytorch.org/whl/cpu}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -74,6 +78,10 @@ else
   if [ "$("$VPY" -c 'import torch; print(torch.version.cuda is None)')" != True ]; then
     say "WARNING: the torch installed is a CUDA build; set TORCH_CPU_INDEX to an index with CPU wheels"
   fi
+fi
+if [ "$have_gpu" = 0 ] && ! "$VPY" -c 'import triton' >/dev/null 2>&1; then
+  say "no GPU: installing triton==$TRITON_VERSION for its interpreter (the kernel tests run on CPU)"
+  pip install "triton==$TRITON_VERSION"
 fi
 
 # -- 3. the project and its dependencies -----------------------------------------------------

@@ -9,6 +9,10 @@ cd "$ROOT"
 # perf_analyzer (tests/test_triton_server.py) links libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel
 cudart=$(.venv/bin/python -c 'import importlib.util as u, pathlib; s=u.find_spec("nvidia.cuda_runtime"); print(pathlib.Path(list(s.submodule_search_locations)[0], "lib") if s else "")')
 export LD_LIBRARY_PATH="${cudart}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Without a GPU the Triton kernels still run: in Triton's interpreter, on CPU (tests/gpu/conftest.py)
+if [ "$(.venv/bin/python -c 'import importlib.util as u, torch; print(torch.cuda.is_available() or u.find_spec("triton") is None)')" = False ]; then
+  export TRITON_INTERPRET=${TRITON_INTERPRET:-1}
+fi
 if [ $# -eq 0 ]; then
   # The layer contracts (pyproject.toml): no import from a lower layer up, no import circles.
   .venv/bin/lint-imports --no-cache
