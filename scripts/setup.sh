@@ -81,7 +81,8 @@ else
 fi
 if [ "$have_gpu" = 0 ] && ! "$VPY" -c 'import triton' >/dev/null 2>&1; then
   say "no GPU: installing triton==$TRITON_VERSION for its interpreter (the kernel tests run on CPU)"
-  pip install "triton==$TRITON_VERSION"
+  # Nothing but those tests needs it here: where no wheel fits this machine they are skipped.
+  pip install "triton==$TRITON_VERSION" || say "WARNING: triton==$TRITON_VERSION did not install: the kernel tests will be skipped"
 fi
 
 # -- 3. the project and its dependencies -----------------------------------------------------
