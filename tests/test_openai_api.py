@@ -27,15 +27,10 @@ from bullet_trt.model.default_tokenizer import BOS
 from bullet_trt.serving.openai import launch as openai_launch
 from bullet_trt.serving.triton.server import free_port
 from tests.polling import wait_for
-from tests.tiny_engine import tiny_engine
+from tests.tiny_engine import HELD_TOKENS, LONG_CONTEXT as MAX_MODEL_LEN, tiny_engine
 from tests.triton_fixture import pid_alive, start_server
 
 MODEL = "bullet"
-# A request held with min_tokens must still be running when the test looks at the server: 900
-# tokens of the tiny model took about a second on a fast CI machine, shorter than the test's
-# own steps; 15000 take many seconds on any machine.
-HELD_TOKENS = 15000
-MAX_MODEL_LEN = 16384
 KEY = "test-key-123"
 # Meta-Llama-3-Instruct's template: the front end renders it and sends the text to Triton.
 TEMPLATE = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "

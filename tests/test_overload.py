@@ -11,13 +11,11 @@ import pytest
 from bullet_trt.engine.request import EngineStats
 from bullet_trt.serving.admission import QueueBound
 from tests.polling import wait_for
-from tests.tiny_engine import tiny_engine
+from tests.tiny_engine import HELD_TOKENS as LONG, LONG_CONTEXT as MAX_MODEL_LEN, tiny_engine
 from tests.triton_fixture import GrpcStreams, start_server
 
-LONG = 16000  # tokens: a request that holds its slot while a test looks at the server (seconds of
-# decoding even for this tiny model, so that a client slowed by a busy machine still finds it
-# running; two of them fit the pool, so nothing is preempted)
-MAX_MODEL_LEN = 16384
+# LONG: a request that holds its slot while a test looks at the server; two of them fit the
+# pool, so nothing is preempted
 
 
 @pytest.fixture(scope="module")

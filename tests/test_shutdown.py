@@ -16,7 +16,7 @@ import pytest
 from bullet_trt.serving.triton import process_tree
 from bullet_trt.serving.triton import server as srv
 from tests.polling import wait_for
-from tests.tiny_engine import tiny_engine
+from tests.tiny_engine import HELD_TOKENS, LONG_CONTEXT, tiny_engine
 from tests.triton_fixture import GrpcStreams
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def engine_dir(tmp_path_factory):
-    return tiny_engine(tmp_path_factory.mktemp("tiny") / "engine", max_model_len=4096)
+    return tiny_engine(tmp_path_factory.mktemp("tiny") / "engine", max_model_len=LONG_CONTEXT)
 
 
 def start_time(pid: int) -> str | None:
@@ -109,7 +109,8 @@ def test_sigterm_to_serve_ends_open_streams_and_every_process_and_frees_the_port
     assert_everything_started(procs, log)
     s = GrpcStreams(f"127.0.0.1:{ports[1]}")
     try:
-        rid = s.send({"text_input": "Never ending", "max_tokens": 4000, "min_tokens": 4000, "stream": True})
+        rid = s.send({"text_input": "Never ending", "max_tokens": HELD_TOKENS, "min_tokens": HELD_TOKENS,
+                      "stream": True})
         assert s.first(rid)[0] == "result"
         proc.send_signal(signal.SIGTERM)
         res = s.collect(rid, timeout=60)
@@ -127,7 +128,8 @@ def test_sigkill_to_serve_leaves_no_process_behind(engine_dir, tmp_path):
     assert_everything_started(procs, log)
     s = GrpcStreams(f"127.0.0.1:{ports[1]}")
     try:
-        rid = s.send({"text_input": "Never ending", "max_tokens": 4000, "min_tokens": 4000, "stream": True})
+        rid = s.send({"text_input": "Never ending", "max_tokens": HELD_TOKENS, "min_tokens": HELD_TOKENS,
+                      "stream": True})
         assert s.first(rid)[0] == "result"  # the engine is busy and a cancellation poll in flight
         proc.kill()
         proc.wait(timeout=30)

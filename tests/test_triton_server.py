@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests.polling import wait_for
+from tests.tiny_engine import HELD_TOKENS, LONG_CONTEXT, tiny_engine
 from tests.triton_fixture import GrpcStreams, ensure_tiny_random_engine, module_server, pid_alive, start_server
 
 MODEL = "bullet"
@@ -32,6 +33,17 @@ MODEL = "bullet"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     yield from module_server(tmp_path_factory.mktemp("triton"))  # its end checks the engine exited
+
+
+@pytest.fixture(scope="module")
+def long_engine(tmp_path_factory) -> Path:
+    """For tests that act on a request while it runs: it can hold HELD_TOKENS."""
+    return tiny_engine(tmp_path_factory.mktemp("tiny-long") / "engine", max_model_len=LONG_CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def long_server(tmp_path_factory, long_engine):
+    yield from module_server(tmp_path_factory.mktemp("triton-long"), engine_dir=long_engine)
 
 
 @pytest.fixture(scope="module")
@@ -454,12 +466,13 @@ def test_sixteen_concurrent_streams_all_finish(server):
              what="16 finished requests in the metrics")
 
 
-def test_cancelled_grpc_stream_frees_kv_blocks(server):
+def test_cancelled_grpc_stream_frees_kv_blocks(long_server):
+    server = long_server
     total = server.metric("bullet_kv_blocks_free") + server.metric("bullet_kv_blocks_used")
     aborts = server.metric("bullet_requests_finished_total", reason="abort")
     s = GrpcStreams(server.grpc_url)
-    rids = [s.send({"text_input": f"A very long story {i}", "max_tokens": 1000, "min_tokens": 1000, "stream": True})
-            for i in range(2)]
+    rids = [s.send({"text_input": f"A very long story {i}", "max_tokens": HELD_TOKENS, "min_tokens": HELD_TOKENS,
+                    "stream": True}) for i in range(2)]
     for rid in rids:
         kind, _ = s.first(rid)
         assert kind == "result"
@@ -472,7 +485,7 @@ def test_cancelled_grpc_stream_frees_kv_blocks(server):
 
     # an HTTP client that hangs up on generate_stream cancels its request the same way
     import urllib.request
-    body = {"text_input": "Another long story", "max_tokens": 1000, "min_tokens": 1000, "stream": True}
+    body = {"text_input": "Another long story", "max_tokens": HELD_TOKENS, "min_tokens": HELD_TOKENS, "stream": True}
     req = urllib.request.Request(f"http://{server.http_url}/v2/models/{MODEL}/generate_stream",
                                  data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     resp = urllib.request.urlopen(req, timeout=60)
@@ -581,18 +594,20 @@ def test_perf_analyzer_streaming_run(server, tmp_path):
     assert "Throughput" in out, out
 
 
-def test_engine_death_errors_in_flight_and_model_goes_not_ready(tmp_path_factory):
+def test_engine_death_errors_in_flight_and_model_goes_not_ready(long_engine, tmp_path_factory):
     """Its own server (this test kills the engine), in bullet mode: the engine process runs a
     prefill and a decode worker process of its own, which must not outlive it."""
     import tritonclient.http as httpclient
 
-    srv = start_server(tmp_path_factory.mktemp("triton-death"), name="death", overrides={"serve.mode": "bullet"})
+    srv = start_server(tmp_path_factory.mktemp("triton-death"), name="death", overrides={"serve.mode": "bullet"},
+                       engine_dir=long_engine)
     try:
         status, body = srv.generate({"text_input": "Spatial sharing", "max_tokens": 8})
         assert status == 200 and body["text_output"], body
         assert "bullet_prefill_sms" in srv.metrics_text()
         s = GrpcStreams(srv.grpc_url)
-        rid = s.send({"text_input": "Never ending", "max_tokens": 1000, "min_tokens": 1000, "stream": True})
+        rid = s.send({"text_input": "Never ending", "max_tokens": HELD_TOKENS, "min_tokens": HELD_TOKENS,
+                      "stream": True})
         assert s.first(rid)[0] == "result"
         pids = srv.engine_pids()
         assert len(pids) >= 1, srv.descendants()

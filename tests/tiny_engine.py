@@ -9,6 +9,13 @@ from pathlib import Path
 from bullet_trt.config import EngineConfig, ProfileConfig, save_engine_config
 from tests.checkpoints import make_variant
 
+# A request a test holds open (min_tokens = max_tokens) so as to act on it while it runs. The
+# hold must outlast what the client waits for first: on a loaded two-core machine a streaming
+# client got its first token 3.6 s after the server sent it, by which time this model had
+# generated 4000 tokens and finished the request. 16000 tokens take many seconds longer.
+HELD_TOKENS = 16000
+LONG_CONTEXT = 16384  # max_model_len of an engine that can hold HELD_TOKENS
+
 
 def tiny_engine(out: Path, max_model_len: int = 512, seed: int = 0) -> Path:
     """max_model_len: a long one lets a request run thousands of steps, for tests that need a
