@@ -22,6 +22,23 @@ ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300
 
 
+# Crashes inside the tritonserver binary (2.51, as nvidia-pytriton ships it), outside this
+# project's code; docs/serving.md (Health) describes both. A test that finds its server dead
+# with every mark of one of them in the log reports an expected failure; any other death fails.
+KNOWN_SERVER_CRASHES = {
+    "gRPC stream write race (proto_buffer_writer.h:65 assertion)":
+        ("proto_buffer_writer.h:65]", "ASSERTION FAILED: !byte_buffer->Valid()"),
+    "gRPC stream cancellation race (HandleCancellation on a context not cancelled, then SIGSEGV)":
+        ("HandleCancellation called even when the context was not cancelled", "Signal (11) received"),
+}
+
+
+def known_server_crash(log_text: str) -> str | None:
+    """The name of the known tritonserver crash whose marks are all in `log_text`, if any."""
+    return next((name for name, marks in KNOWN_SERVER_CRASHES.items()
+                 if all(mark in log_text for mark in marks)), None)
+
+
 def ensure_tiny_random_engine() -> Path:
     """engines/tiny-random: server tests need answers in milliseconds per token, not sense."""
     from bullet_trt.tools.build import TINY_RANDOM_ENGINE_DIR, build_tiny_random_engine
@@ -75,6 +92,12 @@ class TritonServer:
         if status != 200 and not events:
             raise AssertionError(f"generate_stream answered {status}: {data[:500]!r}")
         return events
+
+    def known_crash(self) -> str | None:
+        """The known tritonserver crash that ended this server, if it ended by one."""
+        if self.proc.poll() is None:
+            return None
+        return known_server_crash(self.log_file.read_text(errors="replace"))
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
