@@ -15,11 +15,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _store_globaltimer(out_ptr, SLOT: tl.constexpr):
+def globaltimer():
+    """The device timer (ns) as a Triton value, for kernels that read it (also the doctor's
+    SM-id probe)."""
     # not pure: two reads of the timer must not be merged or hoisted
-    now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
-                                    is_pure=False, pack=1)
-    tl.store(out_ptr + SLOT, now)
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _store_globaltimer(out_ptr, SLOT: tl.constexpr):
+    tl.store(out_ptr + SLOT, globaltimer())
 
 
 def stamp_globaltimer(out: torch.Tensor, slot: int) -> None:

@@ -59,15 +59,12 @@ SMID_XP_NOTE = ("%smid is not a physical SM id across MPS clients (MPS renumbers
 try:  # the Triton fallback probe (GPU machines ship triton; CPU machines may not)
     import triton
     import triton.language as tl
+
+    from bullet_trt.kernels.triton_clock import globaltimer
 except ImportError:  # pragma: no cover - depends on the machine
     triton = None
 
 if triton is not None:
-    @triton.jit
-    def _gtimer():
-        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
-                                         is_pure=False, pack=1)
-
     @triton.jit
     def _smid():
         return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
@@ -78,14 +75,14 @@ if triton is not None:
         """Same records as native/smid_probe.cu, one program (1 warp) per block."""
         pid = tl.program_id(0)
         sm0 = _smid()
-        t0 = _gtimer()
+        t0 = globaltimer()
         now = t0
         prev = t0
         iters = t0 * 0
         max_gap = t0 * 0
         gaps = t0 * 0
         while now - t0 < spin_ns:
-            now = _gtimer()
+            now = globaltimer()
             d = now - prev
             max_gap = tl.maximum(max_gap, d)
             gaps += tl.where(d > gap_ns, d, 0)
