@@ -94,10 +94,17 @@ class TritonServer:
         return events
 
     def known_crash(self) -> str | None:
-        """The known tritonserver crash that ended this server, if it ended by one."""
-        if self.proc.poll() is None:
+        """The known tritonserver crash that ended this server, if it ended by one. Its clients
+        see their streams drop while the dying server still prints its backtrace, so a crash
+        logged is waited for (briefly) rather than taken as "still running"."""
+        crash = known_server_crash(self.log_file.read_text(errors="replace"))
+        if crash is None:
             return None
-        return known_server_crash(self.log_file.read_text(errors="replace"))
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            return None
+        return crash
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
