@@ -148,3 +148,37 @@ def test_demo_stops_everything_it_started(engine_dir, tmp_path, sig):
     assert proc.wait(timeout=120) == 0, log.read_text(errors="replace")
     wait_for(lambda: not running(procs), f"no process left of {procs}")
     wait_for(lambda: ports_bind(ports), "the ports free again")
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_benchmark_stopped_mid_sweep_leaves_no_server_behind(engine_dir, tmp_path, sig):
+    """`timeout` stops a benchmark with SIGTERM; a scheduler may SIGKILL it. Either way the
+    tritonserver it started, and that server's engine, must go with it: one left behind holds
+    the GPU's memory and fails the next benchmark's start."""
+    out = tmp_path / "bench"
+    log = tmp_path / "bench.log"
+    cmd = [sys.executable, "-m", "bullet_trt.tools.cli", "bench", "serve", "--start-server",
+           "--engine-dir", str(engine_dir), "--modes", "chunked", "--dataset", "sharegpt", "--rates", "2",
+           "--duration", "300", "--no-progress", "--no-plots", "--out", str(out)]
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        server_log = out / "server_chunked.log"
+        wait_for(lambda: "Started GRPCInferenceService" in _text(server_log) or proc.poll() is not None,
+                 "the benchmark's server", timeout=300)
+        assert proc.poll() is None, _text(log) + _text(server_log)
+        procs = wait_for(lambda: (lambda t: t if "spawn_main" in " | ".join(c for _, _, c in t) else None)(
+            tree(proc.pid)), "the engine's processes")
+        assert "bin/tritonserver" in " | ".join(cmd for _, _, cmd in procs)
+        proc.send_signal(sig)
+        proc.wait(timeout=120)
+        wait_for(lambda: not running(procs), f"no process left of {running(procs)}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if sig == signal.SIGTERM:  # stopped as Ctrl-C stops it, saying where the results are
+        assert proc.returncode == 130 and "interrupted" in _text(log), _text(log)

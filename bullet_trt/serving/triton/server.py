@@ -35,6 +35,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from bullet_trt.serving.tied_exec import tied_command
+
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
 DEFAULT_ENGINE_DIR = PROJECT_ROOT / "engines" / "default"
@@ -193,12 +195,14 @@ def prepare(engine_dir: str | Path | None = None, overrides: dict[str, str] | No
 
 def launch(engine_dir=None, overrides=None, log_file=None, **kwargs) -> subprocess.Popen:
     """Starts tritonserver in the background (tests, notebooks, benchmarks); stop it with
-    bullet_trt.serving.supervisor.stop_server."""
+    bullet_trt.serving.supervisor.stop_server. It dies with the calling thread's process, so a
+    benchmark killed by a timeout leaves no server holding the GPU and its ports for the next
+    one; start it from the main thread (tied_exec.py)."""
     cmd, env = prepare(engine_dir, overrides, **kwargs)
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     try:
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(PROJECT_ROOT),
-                                start_new_session=True)
+        return subprocess.Popen(tied_command(cmd), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=str(PROJECT_ROOT), start_new_session=True)
     finally:
         if log_file:
             out.close()

@@ -27,7 +27,9 @@ bullet_trt/tools/bench/metrics.py and docs/benchmarking.md.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from bullet_trt.config import load_engine_config, parse_overrides
@@ -120,6 +122,21 @@ def sweep_started_servers(args, workloads: list[ds.Workload], out_dir: Path, tok
             server.stop()
 
 
+def _raise_keyboard_interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop_like_ctrl_c_on_sigterm():
+    """A SIGTERM (`timeout`, a job scheduler) ends the sweep as Ctrl-C does: the runs measured
+    so far are written and the started server is stopped, instead of Python dying at once with
+    the server left running. Returns what puts the previous handler back (nothing to do off
+    the main thread, where no handler can be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    return lambda: signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.compare:
@@ -146,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{w.duration_s:.1f} s; input mean {lens['input']['mean']:.0f} (median {lens['input']['median']:.0f}), "
               f"output mean {lens['output']['mean']:.0f} (median {lens['output']['median']:.0f}) tokens",
               file=sys.stderr)
+    restore = _stop_like_ctrl_c_on_sigterm()
     try:
         if args.start_server:
             sweep_started_servers(args, workloads, out_dir, tok, note)
@@ -154,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: the results measured so far are in " + str(out_dir), file=sys.stderr)
         return 130
+    finally:
+        restore()
     print(f"results: {out_dir / 'summary.md'}")
     return 0
 
