@@ -280,13 +280,54 @@ def test_sustained_rate_averages_repeats_and_stops_at_the_first_miss(tmp_path):
     _fake_run(tmp_path, "bullet", 4.0, 0.05, late=4)
     assert (tmp_path / "bullet__sharegpt__rate3__seed2.json").is_file()
     docs = load_results(tmp_path)
-    caps = {c.label: c for c in capacity.capacities([(d, d["summary"]["slo_attainment"]) for d in docs])}
+    caps = {c.label: c for c in capacity.capacities([(d, d["summary"]["slo_attainment"], None) for d in docs])}
     assert caps["chunked"].sustained == 1.0 and caps["chunked"].first_miss == 2.0  # 3 does not count
     assert caps["bullet"].sustained == 3.0 and caps["bullet"].first_miss == 4.0
     assert caps["bullet"].attainment[3.0] == [0.75, 1.0, 1.0]
     rebuild_report(tmp_path, plots=False)
     md = (tmp_path / "summary.md").read_text()
     assert "| sharegpt | bullet | 3 | 4 | 3.00x chunked |" in md
+
+
+def _queued_run(out_dir, label, first_token_at, seed=0, n=30, tokens=11):
+    """n requests arriving 1 s apart, each streaming `tokens` tokens 0.1 s apart from the time
+    first_token_at(i) gives request i."""
+    from bullet_trt.tools.bench.results import write_result
+    w = ds.build_workload("sharegpt", 1.0, n, seed=seed, prompts=False)
+    records = []
+    for i in range(n):
+        first = first_token_at(i)
+        r = rec(i, float(i), [first + 0.1 * k for k in range(tokens)])
+        r.scheduled_s = float(i)
+        records.append(r)
+    return write_result(out_dir, label=label, dataset="sharegpt", rate=1.0, seed=seed, backend="test",
+                        records=records, workload=w, ttft_slo_ms=1000.0, tpot_slo_ms=150.0)[1]
+
+
+def test_steady_state_tells_a_server_that_keeps_up_from_one_whose_queue_grows(tmp_path):
+    from bullet_trt.tools.bench.steady_state import steady_state
+    kept_up = steady_state(_queued_run(tmp_path, "kept-up", lambda i: i + 0.05), 1.0, 0.15)
+    assert kept_up.tail_attainment == 1.0
+    assert kept_up.served_tok_s == pytest.approx(kept_up.offered_tok_s, rel=0.1)
+    # the server delivers one request's tokens per 2 s: its queue grows by one request every 2 s
+    behind = steady_state(_queued_run(tmp_path, "behind", lambda i: 2.0 * i + 0.05), 1.0, 0.15)
+    assert behind.tail_attainment == 0.0
+    assert behind.served_tok_s < 0.6 * behind.offered_tok_s
+    assert behind.offered_tok_s == pytest.approx(kept_up.offered_tok_s)
+
+
+def test_a_rate_whose_last_third_misses_is_not_sustained_however_good_the_whole_run(tmp_path):
+    from bullet_trt.tools.bench.report import rebuild_report
+    # 27 of 30 requests meet the SLO (90%), but the three misses are the last arrivals: 70% of
+    # the last third
+    doc = _queued_run(tmp_path, "late-tail", lambda i: i + (2.0 if i >= 27 else 0.05))
+    assert doc["summary"]["slo_attainment"] == pytest.approx(0.9)
+    _queued_run(tmp_path, "even", lambda i: i + (2.0 if i % 10 == 0 else 0.05), seed=1)  # 90% both ways
+    rebuild_report(tmp_path, plots=False)
+    md = (tmp_path / "summary.md").read_text()
+    assert "| sharegpt | late-tail | - | 1 | - | 1: 90.0% | 1: 70.0% |" in md
+    assert "| sharegpt | even | 1 | - | - | 1: 90.0% | 1: 90.0% |" in md
+    assert "| 70.0% |" in md  # the per-run column
 
 
 def test_compare_reads_gzipped_results_beside_plain_ones(tmp_path):

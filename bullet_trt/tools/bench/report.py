@@ -9,6 +9,7 @@ from bullet_trt.tools.bench import capacity
 from bullet_trt.tools.bench.report_plots import plot_results
 from bullet_trt.tools.bench.results import RESULT_KIND, load_results
 from bullet_trt.tools.bench.scoring import rescore
+from bullet_trt.tools.bench.steady_state import steady_state
 
 
 def _ms(x) -> str:
@@ -22,14 +23,21 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
                     tpot_slo_ms if tpot_slo_ms is not None else d["slo"]["tpot_ms"]) for d in docs})
     lines.append("SLO: " + "; ".join(f"TTFT <= {a:g} ms and TPOT <= {b:g} ms" for a, b in slos)
                  + ". Latencies in ms (p50 / p90 / p99). Attainment counts failed requests as misses; "
-                 "goodput = requests meeting the SLO per second. Definitions: docs/benchmarking.md.")
+                 "goodput = requests meeting the SLO per second. \"Last third\": the requests that arrived in "
+                 "the last third of the arrival window, and the output tokens per second served then "
+                 "against those asked for then (served below asked: the queue grew). Definitions: "
+                 "docs/benchmarking.md.")
     lines.append("")
     head = ["label", "dataset", "rate (req/s)", "seed", "done", "req/s", "out tok/s", "TTFT p50/p90/p99",
-            "TPOT p50/p90/p99", "ITL p50/p90/p99", "E2E p50", "SLO attain.", "goodput (req/s)"]
+            "TPOT p50/p90/p99", "ITL p50/p90/p99", "E2E p50", "SLO attain.", "goodput (req/s)",
+            "last third: attain.", "last third: served / asked out tok/s"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join("---" for _ in head) + "|")
+    scored = []
     for d in docs:
         s = rescore(d, ttft_slo_ms, tpot_slo_ms)
+        tail = steady_state(d, s["ttft_slo_s"], s["tpot_slo_s"])
+        scored.append((d, s["slo_attainment"], tail and tail.tail_attainment))
 
         def trio(key):
             v = s[key]
@@ -38,10 +46,11 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
         row = [d["label"], d["dataset"], f"{d['rate']:g}", str(d.get("seed", 0)), f"{s['completed']}/{s['num_requests']}",
                f"{s['request_throughput']:.2f}", f"{s['output_token_throughput']:.1f}", trio("ttft_s"),
                trio("tpot_s"), trio("itl_s"), _ms(s["e2e_s"].get("p50")), f"{s['slo_attainment'] * 100:.1f}%",
-               f"{s['goodput']:.2f}"]
+               f"{s['goodput']:.2f}",
+               "-" if tail is None else f"{tail.tail_attainment * 100:.1f}%",
+               "-" if tail is None else f"{tail.served_tok_s:.0f} / {tail.offered_tok_s:.0f}"]
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", capacity.markdown(capacity.capacities(
-        [(d, rescore(d, ttft_slo_ms, tpot_slo_ms)["slo_attainment"]) for d in docs]))]
+    lines += ["", capacity.markdown(capacity.capacities(scored))]
     notes = [(d["label"], d["dataset"], d["rate"], n) for d in docs for n in
              ([f"stopped early: {d['stopped_early']}"] if d.get("stopped_early") else []) + list(d.get("notes") or [])]
     if notes:
@@ -74,7 +83,16 @@ def format_row(doc: dict) -> str:
             f"TTFT p50 {_ms(s['ttft_s']['p50'])} ms p99 {_ms(s['ttft_s']['p99'])} ms, "
             f"TPOT p50 {_ms(s['tpot_s']['p50'])} ms p99 {_ms(s['tpot_s']['p99'])} ms, "
             f"SLO attainment {s['slo_attainment'] * 100:.1f}%, goodput {s['goodput']:.2f} req/s"
-            + _telemetry_text(doc))
+            + _steady_state_text(doc) + _telemetry_text(doc))
+
+
+def _steady_state_text(doc: dict) -> str:
+    s = doc["summary"]
+    tail = steady_state(doc, s["ttft_slo_s"], s["tpot_slo_s"]) if doc.get("requests") else None
+    if tail is None:
+        return ""
+    return (f"; last third of arrivals: attainment {tail.tail_attainment * 100:.1f}%, "
+            f"{tail.served_tok_s:.0f} out tok/s served of {tail.offered_tok_s:.0f} asked")
 
 
 def _telemetry_text(doc: dict) -> str:
