@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bullet_trt.tools.bench.plot_iterations import load, plot
+from bullet_trt.tools.bench.iteration_records import load
+from bullet_trt.tools.bench.plot_iterations import plot
 from bullet_trt.serving.llm import LLM
 from bullet_trt.engine.sampling import SamplingParams
 from tests.test_engine import GREEDY, llama_engine, prompts  # noqa: F401 (fixture)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import multiprocessing
 import threading
 
+import pytest
+
 from bullet_trt.protocol import SmSplit
 from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
 from bullet_trt.spatial.decode_rows import DecodeRows
@@ -106,3 +108,29 @@ def test_the_iteration_log_keeps_the_gpu_window_of_a_step(tmp_path):
     first, second = (json.loads(line) for line in (tmp_path / "it.jsonl").read_text().splitlines())
     assert (first["gpu_start_ns"], first["gpu_end_ns"]) == (1_000_000_000_123, 1_000_010_000_456)
     assert "gpu_start_ns" not in second and second["decode_sms"] == 84
+
+
+def test_split_timeline_is_drawn_on_the_gpu_clock_from_a_gzipped_log(tmp_path):
+    import gzip
+    import json
+
+    from bullet_trt.tools.bench.iteration_records import load
+    from bullet_trt.tools.bench.plot_iterations import plot
+    epoch = 1_764_000_000_000_000_000
+    # host times 100 s after the server started; GPU stamps from 0 ms on the GPU's timer
+    records = [{"phase": phase, "t": 100.0 + i / 100, "measured_ms": 9.0, "sms": sms,
+                "prefill_sms": p, "decode_sms": d, "waiting": 1, "decoding": 3, "prefilling": 1,
+                "gpu_start_ns": epoch + i * 10_000_000, "gpu_end_ns": epoch + i * 10_000_000 + 9_000_000}
+               for i, (phase, sms, p, d) in enumerate([("decode", 132, 0, 132), ("prefill", 48, 48, 0),
+                                                       ("decode", 84, 48, 84)])]
+    log = tmp_path / "iterations.jsonl.gz"
+    with gzip.open(log, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    assert load(log) == records
+    png = plot(load(log), tmp_path / "zoom.png", start=0.0, end=0.05)  # seconds of the GPU clock
+    assert png.stat().st_size > 1000
+    for r in records:
+        del r["gpu_start_ns"], r["gpu_end_ns"]
+    with pytest.raises(ValueError, match="no iteration in the window"):
+        plot(records, tmp_path / "host.png", start=0.0, end=0.05)  # the host clock starts at 100 s
+    assert plot(records, tmp_path / "host.png", start=100.0, end=100.05).stat().st_size > 1000

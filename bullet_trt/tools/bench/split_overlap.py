@@ -17,15 +17,7 @@ import argparse
 import json
 import sys
 
-from bullet_trt.tools.bench.plot_iterations import load
-
-
-def step_windows(records: list[dict], clock: str) -> list[tuple[float, float]]:
-    """Each record's (start, end) in seconds on `clock`: "gpu" (its stamps) or "host"."""
-    if clock == "gpu":
-        t0 = min(r["gpu_start_ns"] for r in records)  # integers first: ns since an epoch overflow a float's precision
-        return [((r["gpu_start_ns"] - t0) / 1e9, (r["gpu_end_ns"] - t0) / 1e9) for r in records]
-    return [(r["t"], r["t"] + r["measured_ms"] / 1e3) for r in records]
+from bullet_trt.tools.bench.iteration_records import has_gpu_stamps, load, step_windows
 
 
 def _prefill_time_sharing_sms(records: list[dict], windows: list[tuple[float, float]], total: int):
@@ -50,7 +42,7 @@ def overlap_report(records: list[dict]) -> dict:
     total = max((max(r.get("prefill_sms", 0), r.get("decode_sms", 0)) for r in records), default=0)
     prefills = [r for r in records if r["phase"] == "prefill"]
     decodes = [r for r in records if r["phase"] in ("decode", "fused")]
-    stamped = bool(records) and all("gpu_start_ns" in r for r in records)
+    stamped = has_gpu_stamps(records)
     clock = "gpu" if stamped else "host"
     prefill_s, shared_s = _prefill_time_sharing_sms(records, step_windows(records, clock), total)
     splits = [r["prefill_sms"] for r in prefills]

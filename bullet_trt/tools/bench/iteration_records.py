@@ -1,0 +1,27 @@
+"""The records of an iteration log (serve.iteration_log, one JSON object per prefill batch or
+decode step) and each step's window in time, for the tools that read such a log."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+
+def load(path: str | Path) -> list[dict]:
+    """The log's records; a path ending in .gz is read through gzip."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def has_gpu_stamps(records: list[dict]) -> bool:
+    return bool(records) and all("gpu_start_ns" in r for r in records)
+
+
+def step_windows(records: list[dict], clock: str) -> list[tuple[float, float]]:
+    """Each record's (start, end) in seconds on `clock`: "gpu" (its stamps of the GPU's own
+    timer, from the first stamp) or "host" (its host window [t, t + measured_ms])."""
+    if clock == "gpu":
+        t0 = min(r["gpu_start_ns"] for r in records)  # integers first: ns since an epoch overflow a float's precision
+        return [((r["gpu_start_ns"] - t0) / 1e9, (r["gpu_end_ns"] - t0) / 1e9) for r in records]
+    return [(r["t"], r["t"] + r["measured_ms"] / 1e3) for r in records]
