@@ -16,7 +16,11 @@
 #            ${REPEATS:-3} seeds from ${SEED:-100} x 120 s of arrivals: the repeated protocol, one
 #            (mode, rate) per device call
 #   overlap  bullet at $RATE with the iteration log (GPU-clock stamps), prefill starting at once
-#            and waiting for decode's move (serve.prefill_waits_for_split), then `bench overlap`
+#            and waiting for decode's move (serve.prefill_waits_for_split), then `bench overlap`;
+#            its two runs need ~9 minutes, so run it where an earlier stage built the engine
+# The protocol's rates must lie below capacity: a rate above it scores by the run's length
+# (docs/benchmarks.md, "The targets under the protocol"); the summary's "last third" columns
+# tell the two apart.
 set -u
 stage=${1:?stage}
 G="--set decode.cuda_graph_batch_sizes=[1,2,4,8,16,32,48,64,96,128,160,192,256,320,384,448,512,640,768,896,1024] --set decode.max_num_seqs=1024 --set serve.chunk_size=${CHUNK:-2048}"
