@@ -534,6 +534,43 @@ def test_serve_bench_end_to_end(server, tmp_path, capsys):
     assert "sent 8/8" in printed.err  # the progress line
 
 
+def test_a_rate_is_decided_once_its_mean_attainment_cannot_reach_the_target():
+    from bullet_trt.tools.bench.decided import misses_that_decide, rate_failed
+    # three repeats, none measured: this run may miss 30% (its two successors at 100% would
+    # bring the mean to 90%), so the 31st miss in 100 requests decides
+    assert misses_that_decide(100, [], 2, 0.9) == 31
+    assert misses_that_decide(100, [], 0, 0.9) == 11  # one run: the 11th miss
+    assert misses_that_decide(100, [1.0, 1.0], 0, 0.9) == 31
+    assert misses_that_decide(100, [0.5], 1, 0.9) == 0  # already decided: 0.5 + 1 + 1 < 2.7
+    assert misses_that_decide(100, [], 2, 0.3) is None  # this run alone cannot decide
+    assert rate_failed([0.69], 2, 0.9) and not rate_failed([0.71], 2, 0.9)
+    assert rate_failed([1.0, 1.0, 0.6], 0, 0.9) and not rate_failed([1.0, 1.0, 0.7], 0, 0.9)
+
+
+def test_a_sweep_stops_a_decided_rate_and_skips_what_it_cannot_change(server, tmp_path, capsys):
+    """Every request misses a 1 us TTFT SLO: the first run stops once 30% of its requests
+    have missed (the other two repeats could not lift the mean to 90%), and neither the
+    rate's other repeats nor the higher rate run. The server cancels what was in flight."""
+    from bullet_trt.tools.bench import serve_bench
+    from tests.triton_fixture import ensure_tiny_random_engine
+    out = tmp_path / "results"
+    rc = serve_bench.main(["--url", server.grpc_url, "--engine-dir", str(ensure_tiny_random_engine()),
+                           "--dataset", "sharegpt", "--rates", "4,8", "--repeats", "3", "--duration", "60",
+                           "--max-output-tokens", "4", "--ttft-slo-ms", "0.001", "--stop-when-decided",
+                           "--warmup", "1", "--no-progress", "--no-plots", "--out", str(out)])
+    assert rc == 0
+    assert sorted(p.name for p in out.glob("*.json")) == ["server__sharegpt__rate4.json"]
+    doc = json.loads((out / "server__sharegpt__rate4.json").read_text())
+    assert doc["stopped_early"].startswith("decided: "), doc["stopped_early"]
+    n = doc["summary"]["num_requests"]
+    assert doc["summary"]["slo_attainment"] == 0.0
+    assert sum(r["sent_s"] is None for r in doc["requests"]) > n // 2  # stopped well before its end
+    printed = capsys.readouterr().out
+    assert printed.count("skipped, the sweep has decided that 4 req/s misses the target") == 5
+    md = (out / "summary.md").read_text()
+    assert "| sharegpt | server | - | 4 |" in md
+
+
 def test_serve_bench_trace_replay_and_bounded_drain(server, tmp_path):
     """A trace replayed at its own timing; requests still running at the drain timeout are
     cancelled and recorded as errors, and the run still writes its results."""

@@ -17,7 +17,9 @@ request ends with the response flagged ``triton_final_response`` or with an erro
 The run is bounded: after the last request has been sent, the generator waits at most
 ``drain_timeout_s`` for the stragglers (and never longer than ``timeout_s`` in all), then
 cancels the stream; unfinished requests are recorded as errors. Ctrl-C stops it the same
-way and keeps what was measured.
+way and keeps what was measured. With ``give_up_at_misses`` it also stops, the same way, once
+that many requests are known to miss the TTFT SLO (``ttft_slo_s``) or have failed
+(bullet_trt/tools/bench/decided.py says when a sweep asks for it).
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ class LoadGenOptions:
     timeout_s: float = 3600.0  # the whole run
     drain_timeout_s: float = 600.0  # after the last send
     progress_interval_s: float = 1.0
+    ttft_slo_s: float | None = None  # with give_up_at_misses: what a known miss is
+    give_up_at_misses: int | None = None  # stop once this many requests are known misses
 
 
 @dataclass
@@ -304,6 +308,23 @@ class LoadGenerator:
         return Progress(time.perf_counter() - self._t0, total, sent, finished, failed,
                         sent - finished - failed, p50)
 
+    def _known_misses(self, now: float) -> int:
+        """Requests that can no longer meet the TTFT SLO: failed ones, those whose first token
+        came later than it, and those that have waited longer than it without one."""
+        slo = self.opts.ttft_slo_s
+        misses = 0
+        with self._lock:
+            for rid, rec in self._records.items():
+                if rec.sent_s is None:
+                    continue
+                if rid in self._done and not rec.finished:
+                    misses += 1
+                elif rid in self._first:
+                    misses += rec.ttft is None or rec.ttft > slo
+                elif rid in self._done or now - rec.sent_s > slo:  # ended without a token, or late
+                    misses += 1
+        return misses
+
     def _wait(self, sender: threading.Thread, requests: Sequence[BenchRequest]) -> str | None:
         opts = self.opts
         last_arrival = requests[-1].arrival_s if requests else 0.0
@@ -321,6 +342,12 @@ class LoadGenerator:
                     self.on_progress(self._progress(len(requests)))
                 if elapsed > deadline_total:
                     return f"run exceeded timeout_s={opts.timeout_s:g}"
+                if opts.give_up_at_misses is not None and opts.ttft_slo_s is not None:
+                    misses = self._known_misses(elapsed)
+                    if misses >= opts.give_up_at_misses:
+                        self._stop.set()
+                        return (f"decided: {misses} of {len(requests)} requests missed the SLO "
+                                f"{elapsed:.0f} s into the run, so its rate cannot reach the target")
                 if not sender.is_alive() and elapsed > last_arrival + opts.drain_timeout_s:
                     return f"still running {opts.drain_timeout_s:g} s after the last send (drain_timeout_s)"
         except KeyboardInterrupt:

@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "outputs capped at 8 tokens; not measured (default 8)")
     c.add_argument("--drain-timeout-s", type=float, default=300.0,
                    help="wait at most this long after the last send (default 300)")
+    c.add_argument("--stop-when-decided", action="store_true",
+                   help="stop a run once its rate can no longer reach 90%% mean SLO attainment over its "
+                        "repeats, and skip that rate's other repeats and every higher rate "
+                        "(bullet_trt/tools/bench/decided.py): the sustained rate comes out the same, "
+                        "in less time")
     c.add_argument("--timeout-s", type=float, default=0.0,
                    help="bound on one run (default: last arrival + drain timeout + 60 s)")
     c.add_argument("--no-plots", action="store_true", help="write JSON and summary.md only")

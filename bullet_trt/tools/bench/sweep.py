@@ -7,6 +7,8 @@ from pathlib import Path
 
 from bullet_trt.spatial.gpu_monitor import TelemetrySampler
 from bullet_trt.tools.bench import datasets as ds
+from bullet_trt.tools.bench.capacity import DEFAULT_TARGET
+from bullet_trt.tools.bench.decided import misses_that_decide, rate_failed
 from bullet_trt.tools.bench.loadgen import LoadGenerator, LoadGenOptions
 from bullet_trt.tools.bench.progress import ProgressPrinter
 from bullet_trt.tools.bench.report import format_row, rebuild_report
@@ -46,11 +48,23 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
     check_server(url, args.model)
     if workloads:
         warm_up(url, args.model, warmup_requests(workloads[0], args.warmup, tokenizer))
-    for w in workloads:
+    decide = getattr(args, "stop_when_decided", False)
+    attained: dict[tuple, list[float]] = {}  # (dataset, rate) -> attainment of each run so far
+    failed_rates: dict[object, float] = {}  # dataset -> the lowest rate decided to fail
+    for n, w in enumerate(workloads):
         rate_text = f"{w.rate:g} req/s" + (f" seed {w.seed}" if w.seed else "")
+        key = (w.dataset, w.rate)
+        finished = attained.setdefault(key, [])
+        left = sum(1 for x in workloads[n + 1:] if (x.dataset, x.rate) == key)
+        give_up = misses_that_decide(len(w.requests), finished, left, DEFAULT_TARGET) if decide else None
+        if decide and (give_up == 0 or w.rate > failed_rates.get(w.dataset, float("inf"))):
+            print(f"{label} {dataset_name(w.dataset)} {rate_text}: skipped, the sweep has decided that "
+                  f"{failed_rates.get(w.dataset, w.rate):g} req/s misses the target", flush=True)
+            continue
         opts = LoadGenOptions(model=args.model, temperature=args.temperature, fixed_output=not args.allow_eos,
                               streams=args.streams, drain_timeout_s=args.drain_timeout_s,
-                              timeout_s=args.timeout_s or (w.duration_s + args.drain_timeout_s + 60))
+                              timeout_s=args.timeout_s or (w.duration_s + args.drain_timeout_s + 60),
+                              ttft_slo_s=ttft_slo / 1e3, give_up_at_misses=give_up)
         printer = ProgressPrinter(f"[{label} {dataset_name(w.dataset)} {rate_text}]", enabled=not args.no_progress)
         gen = LoadGenerator(url, opts, on_progress=printer)
         sampler = TelemetrySampler(telemetry_device(args, url)).start()
@@ -71,6 +85,9 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
             notes=notes, stopped_early=result.stopped_early, token_times=args.token_times)
         print(format_row(doc), flush=True)
         docs.append(doc)
+        finished.append(doc["summary"]["slo_attainment"])
+        if decide and rate_failed(finished, left, DEFAULT_TARGET):
+            failed_rates[w.dataset] = min(w.rate, failed_rates.get(w.dataset, w.rate))
         rebuild_report(out_dir, None, None, plots=not args.no_plots)
         if result.stopped_early == "interrupted":
             raise KeyboardInterrupt

@@ -12,9 +12,12 @@
 #   bullet   bullet serving at $RATES, same protocol and flags
 #   sizing   no flags (serve.mode=auto, serve.sizing=auto) against the hand-tuned bullet flags
 #            at $RATE
-#   protocol one mode ($MODE: chunked with piecewise graphs at $CHUNK, or bullet) at one $RATE,
-#            ${REPEATS:-3} seeds from ${SEED:-100} x 120 s of arrivals: the repeated protocol, one
-#            (mode, rate) per device call
+#   protocol one mode ($MODE: chunked with piecewise graphs at $CHUNK, or bullet) at $RATE (one
+#            rate, or ascending ones: "36,40"), ${REPEATS:-3} seeds from ${SEED:-100} x 120 s of
+#            arrivals: the repeated protocol. With --stop-when-decided a rate that cannot reach
+#            90% stops its run and skips its other seeds and the higher rates, so a failing rate
+#            costs about one minute instead of three runs and their drains (runs of 2026-11-25
+#            before it: one (mode, rate) per device call)
 #   overlap  bullet at $RATE with the iteration log (GPU-clock stamps), prefill starting at once
 #            and waiting for decode's move (serve.prefill_waits_for_split), then `bench overlap`;
 #            its two runs need ~9 minutes, so run it where an earlier stage built the engine
@@ -78,7 +81,7 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
     graphs=""
     [ "${MODE:?}" = chunked ] && graphs=$PW
     serve "$MODE-${CHUNK:-2048}-r$RATE" 590 --modes "$MODE" --rates "${RATE:?}" $G $graphs \
-      --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}"
+      --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
     pack
     ;;
   overlap)

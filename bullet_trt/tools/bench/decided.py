@@ -1,0 +1,41 @@
+"""When a sweep may stop measuring a rate: once the runs at that rate can no longer reach the
+target SLO attainment on average, whatever the rest of them do (`bench serve
+--stop-when-decided`).
+
+A run of N requests with m known misses (requests that failed, got their first token later
+than the TTFT SLO, or have waited longer than it without one) ends with an attainment of at
+most 1 - m/N. With the attainments of the rate's finished repeats and `left` repeats still to
+come (each at most 1), the rate's mean is at most (sum(finished) + 1 - m/N + left) / repeats.
+Once that is below the target the rate has failed: the run stops, and the sweep skips the
+rate's remaining repeats and every higher rate (a sustained rate needs every lower rate to
+meet the target, bullet_trt/tools/bench/capacity.py). TPOT misses are known only when a
+request ends and are not counted, so a run is never stopped before its rate has failed.
+
+A protocol of three seeds x 120 s spent most of its device time on rates above capacity,
+measuring how a growing queue drains; this keeps the time for the rates that decide.
+"""
+from __future__ import annotations
+
+import math
+
+# Float sums land a hair off exact fractions (3 - 0.9 * 3 is 0.2999...98): every comparison
+# leans this far towards going on, so that a rounding error never stops a run that could pass.
+_SLACK = 1e-9
+
+
+def misses_that_decide(num_requests: int, finished: list[float], left: int, target: float) -> int | None:
+    """The known misses at which the run now measured decides that its rate failed; 0 when the
+    finished repeats have decided it already; None when this run cannot decide it alone."""
+    repeats = len(finished) + 1 + left
+    may_miss = sum(finished) + 1 + left - target * repeats  # fraction of this run's requests
+    if may_miss < -_SLACK:
+        return 0
+    if may_miss >= 1:
+        return None
+    return math.floor(may_miss * num_requests + num_requests * _SLACK) + 1
+
+
+def rate_failed(finished: list[float], left: int, target: float) -> bool:
+    """True when the repeats measured so far keep the rate's mean below the target even if
+    every repeat left meets the SLO for all its requests."""
+    return (sum(finished) + left) / (len(finished) + left) < target - _SLACK
