@@ -18,6 +18,9 @@
 #            90% stops its run and skips its other seeds and the higher rates, so a failing rate
 #            costs about one minute instead of three runs and their drains (runs of 2026-11-25
 #            before it: one (mode, rate) per device call)
+#   moe      the protocol of `protocol` on the dummy-weight Qwen3-30B-A3B (built first where
+#            $GPU_RUN_DIR/engines/qwen3-30b-a3b lacks it; weights are made on the GPU at start):
+#            $MODE at $RATE, three seeds x 120 s, --stop-when-decided; one H200 (61 GB of weights)
 #   overlap  bullet at $RATE with the iteration log (GPU-clock stamps), prefill starting at once
 #            and waiting for decode's move (serve.prefill_waits_for_split), then `bench overlap`;
 #            its two runs need ~9 minutes, so run it where an earlier stage built the engine
@@ -81,6 +84,17 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
     graphs=""
     [ "${MODE:?}" = chunked ] && graphs=$PW
     serve "$MODE-${CHUNK:-2048}-r$RATE" 590 --modes "$MODE" --rates "${RATE:?}" $G $graphs \
+      --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
+    pack
+    ;;
+  moe)
+    moe_engine=${MOE_ENGINE:-${GPU_RUN_DIR:?}/engines/qwen3-30b-a3b}
+    [ -f "$moe_engine/engine.yaml" ] || python build_engines.py --dummy-weights --arch qwen3-30b-a3b \
+      --out "$moe_engine" --max-model-len 4096 >/dev/null || exit 1
+    COMMON=${COMMON/--engine-dir $ENGINE/--engine-dir $moe_engine}
+    graphs=""
+    [ "${MODE:?}" = chunked ] && graphs=$PW
+    serve "moe-$MODE-${CHUNK:-2048}-r$RATE" 590 --modes "$MODE" --rates "${RATE:?}" $G $graphs \
       --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
     pack
     ;;
