@@ -62,6 +62,11 @@ def test_overlap_report_counts_prefill_time_beside_decode_on_shared_sms():
     assert r["prefill_time_s"] == 0.15
     assert r["prefill_time_sharing_sms_s"] == 0.038  # 13 (5..18, counted once) + 5 + 20 ms
     assert r["decode_steps_on_whole_gpu"] == 0.6 and r["prefill_split_wait_ms_mean"] == 3.0
+    # SM-time from 5 to 250 ms (245 ms x 132 SMs): held twice 5..18 and 100..105 (48 SMs too
+    # many) and 210..230 (16); idle 18..20 and 30..100 (84 SMs), 110..200 (all 132), 200..210
+    # and 230..250 (68)
+    assert r["sm_time_held_twice_share"] == round((48 * 18 + 16 * 20) / (245 * 132), 4)
+    assert r["sm_time_idle_share"] == round((84 * 72 + 132 * 90 + 68 * 30) / (245 * 132), 4)
 
 
 def test_overlap_report_prefers_the_gpu_clock_and_says_what_the_host_clock_would_have_added():
@@ -87,6 +92,8 @@ def test_overlap_report_prefers_the_gpu_clock_and_says_what_the_host_clock_would
     assert r["clock"] == "gpu"
     assert r["prefill_time_s"] == 0.038 and r["prefill_time_sharing_sms_s"] == 0.0
     assert r["host_clock_prefill_share_sharing_sms"] == 0.05  # 2 of 40 ms
+    # over the prefill's 38 ms, the 84 decode SMs were held only 12.4..21.0 ms: 29.4 ms x 84 SMs idle
+    assert r["sm_time_idle_share"] == round(84 * 29.4 / (132 * 38), 4) and r["sm_time_held_twice_share"] == 0.0
     del records[0]["gpu_start_ns"]  # one step unstamped: the host clock for all
     r = overlap_report(records)
     assert r["clock"] == "host" and r["prefill_share_sharing_sms"] == 0.05

@@ -10,10 +10,15 @@ workers); a log without them (CPU, or an older log) falls back to the host's win
 measured_ms] of one monotonic clock, which also counts launch and synchronize latency. The
 report says which clock it used. A prefill on P SMs and a decode step on D SMs share SMs when
 P + D exceeds the GPU's SMs (a decode step on the whole GPU always does).
+
+The price of keeping them apart shows in SM-time: from the first prefill's start to the last
+one's end, the share of the GPU's SM-seconds that no step held (a prefill waiting for decode's
+move, decode still on the complement after a prefill ended) against the share held twice.
 """
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import sys
 
@@ -38,13 +43,42 @@ def _prefill_time_sharing_sms(records: list[dict], windows: list[tuple[float, fl
     return prefill_s, shared_s
 
 
+def _sms_running(steps: list[tuple[float, float, int]], starts: list[float], t: float) -> int:
+    """SMs of the step running at t among one phase's steps (one at a time, sorted)."""
+    k = bisect.bisect_right(starts, t) - 1
+    return steps[k][2] if k >= 0 and steps[k][1] > t else 0
+
+
+def _sm_time_shares(records: list[dict], windows: list[tuple[float, float]], total: int):
+    """(share of SM-time no step held, share held twice) between the first prefill's start
+    and the last one's end."""
+    def steps(phases, key):
+        return sorted((w[0], w[1], r[key]) for r, w in zip(records, windows) if r["phase"] in phases)
+    prefill, decode = steps(("prefill",), "prefill_sms"), steps(("decode", "fused"), "decode_sms")
+    if not prefill or not total:
+        return 0.0, 0.0
+    t0, t1 = prefill[0][0], max(end for _, end, _ in prefill)
+    cuts = sorted({t0, t1, *(t for a, b, _ in prefill + decode for t in (a, b) if t0 < t < t1)})
+    prefill_starts, decode_starts = [a for a, _, _ in prefill], [a for a, _, _ in decode]
+    idle = twice = 0.0
+    for a, b in zip(cuts, cuts[1:]):
+        mid = (a + b) / 2
+        held = _sms_running(prefill, prefill_starts, mid) + _sms_running(decode, decode_starts, mid)
+        idle += max(0, total - held) * (b - a)
+        twice += max(0, held - total) * (b - a)
+    span = (t1 - t0) * total
+    return (idle / span, twice / span) if span > 0 else (0.0, 0.0)
+
+
 def overlap_report(records: list[dict]) -> dict:
     total = max((max(r.get("prefill_sms", 0), r.get("decode_sms", 0)) for r in records), default=0)
     prefills = [r for r in records if r["phase"] == "prefill"]
     decodes = [r for r in records if r["phase"] in ("decode", "fused")]
     stamped = has_gpu_stamps(records)
     clock = "gpu" if stamped else "host"
-    prefill_s, shared_s = _prefill_time_sharing_sms(records, step_windows(records, clock), total)
+    windows = step_windows(records, clock)
+    prefill_s, shared_s = _prefill_time_sharing_sms(records, windows, total)
+    idle_share, twice_share = _sm_time_shares(records, windows, total)
     splits = [r["prefill_sms"] for r in prefills]
     report = {
         "clock": clock,
@@ -57,6 +91,8 @@ def overlap_report(records: list[dict]) -> dict:
         "split_changes": sum(a != b for a, b in zip(splits, splits[1:])),
         "decode_steps_on_whole_gpu": round(sum(d["decode_sms"] == total for d in decodes) / len(decodes), 4)
         if decodes else 0.0,
+        "sm_time_idle_share": round(idle_share, 4),
+        "sm_time_held_twice_share": round(twice_share, 4),
         "prefill_split_wait_ms_mean": round(sum(p.get("split_wait_ms", 0.0) for p in prefills) / len(prefills), 3)
         if prefills else 0.0,
     }
