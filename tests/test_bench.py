@@ -316,6 +316,17 @@ def test_steady_state_tells_a_server_that_keeps_up_from_one_whose_queue_grows(tm
     assert behind.offered_tok_s == pytest.approx(kept_up.offered_tok_s)
 
 
+def test_bench_steady_shows_where_in_its_arrivals_a_run_stopped_keeping_up(tmp_path, capsys):
+    from bullet_trt.tools.bench.cli import main as bench_main
+    from bullet_trt.tools.bench.steady_state import attainment_by_window
+    doc = _queued_run(tmp_path, "late-tail", lambda i: i + (2.0 if i >= 27 else 0.05))
+    assert attainment_by_window(doc, 1.0, 0.15, 3) == [1.0, 1.0, 0.7]
+    assert bench_main(["steady", str(tmp_path / "late-tail__sharegpt__rate1.json"), "--windows", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "late-tail sharegpt 1 req/s seed 0: attainment in 3 parts of the arrivals 100 100 70; " \
+           "first half 100.0%, whole 90.0%; last third 70.0%" in out
+
+
 def test_a_rate_whose_last_third_misses_is_not_sustained_however_good_the_whole_run(tmp_path):
     from bullet_trt.tools.bench.report import rebuild_report
     # 27 of 30 requests meet the SLO (90%), but the three misses are the last arrivals: 70% of

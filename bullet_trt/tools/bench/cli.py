@@ -3,7 +3,8 @@ mixture-of-experts kernels and an MoE engine against them), serve (load
 generator against a running server), hf-peer (transformers' continuous batching on the same
 workload), decode-profile (where a decode step's time goes), overlap (how disjoint prefill and
 decode were, from an iteration log), tp (the all-reduce and the decode step over N GPUs),
-mixed-step (chunked mode's mixed step, eager against piecewise CUDA graphs)."""
+mixed-step (chunked mode's mixed step, eager against piecewise CUDA graphs), steady (whether
+serving runs kept up with their arrivals, window by window)."""
 from __future__ import annotations
 
 import importlib
@@ -18,6 +19,7 @@ KINDS = {
     "overlap": "bullet_trt.tools.bench.split_overlap",
     "tp": "bullet_trt.tools.bench.tp_bench",
     "mixed-step": "bullet_trt.tools.bench.mixed_step",
+    "steady": "bullet_trt.tools.bench.steady_state",
 }
 
 

@@ -61,18 +61,27 @@ def write_result(out_dir: Path, *, label: str, dataset: str, rate: float, seed: 
     return path, doc
 
 
+def load_result(path: str | Path) -> dict:
+    """One result JSON, plain or gzipped; ValueError when the file is not one."""
+    path = Path(path)
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        doc = json.loads(raw)
+    except (EOFError, ValueError) as e:  # truncated or not JSON
+        raise ValueError(f"{path}: not a benchmark result ({e})") from None
+    if not (isinstance(doc, dict) and doc.get("kind") == RESULT_KIND):
+        raise ValueError(f"{path}: not a benchmark result (kind {RESULT_KIND!r} expected)")
+    doc["_path"] = str(path)
+    return doc
+
+
 def load_results(out_dir: Path) -> list[dict]:
     """Every result JSON in ``out_dir``, plain or gzipped (``.json.gz``: kept results, whose
     per-request arrays --compare needs, take a quarter of the space)."""
     docs = []
-    paths = sorted([*Path(out_dir).glob("*.json"), *Path(out_dir).glob("*.json.gz")])
-    for path in paths:
+    for path in sorted([*Path(out_dir).glob("*.json"), *Path(out_dir).glob("*.json.gz")]):
         try:
-            raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-            doc = json.loads(raw)
-        except (OSError, EOFError, ValueError):  # unreadable, truncated or not JSON: not a result
+            docs.append(load_result(path))
+        except (OSError, ValueError):  # unreadable, or not a result: not ours to report
             continue
-        if isinstance(doc, dict) and doc.get("kind") == RESULT_KIND:
-            doc["_path"] = str(path)
-            docs.append(doc)
     return docs

@@ -14,9 +14,16 @@ figures here tell such a run apart from one in steady state:
   (each request's tokens spread evenly between its first token and its end, since a result
   JSON keeps the latencies but not every token's time). Served below offered means the queue
   grew.
+
+    bullet-trt bench steady RUN.json[.gz] ... [--windows 6]
+
+prints each run's attainment per window of its arrivals (sixths: 20 s of a 120 s run), over
+its first half and whole, and its last third's figures.
 """
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass
 
 TAIL_FRACTION = 1 / 3
@@ -62,3 +69,47 @@ def steady_state(doc: dict, ttft_slo_s: float, tpot_slo_s: float) -> SteadyState
         tail_attainment=sum(_meets(r, ttft_slo_s, tpot_slo_s) for r in tail) / len(tail),
         served_tok_s=served / span if span > 0 else 0.0,
         offered_tok_s=offered / span if span > 0 else 0.0)
+
+
+def attainment_by_window(doc: dict, ttft_slo_s: float, tpot_slo_s: float, windows: int) -> list[float | None]:
+    """SLO attainment of the requests scheduled in each of `windows` equal parts of the arrival
+    window (None for a part no request arrived in)."""
+    reqs = doc.get("requests") or []
+    end = max((r.get("scheduled_s") or 0.0 for r in reqs), default=0.0)
+    parts: list[list[dict]] = [[] for _ in range(windows)]
+    for r in reqs:
+        at = r.get("scheduled_s") or 0.0
+        parts[min(windows - 1, int(at / end * windows)) if end > 0 else 0].append(r)
+    return [sum(_meets(r, ttft_slo_s, tpot_slo_s) for r in part) / len(part) if part else None
+            for part in parts]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bullet_trt.tools.bench.results import load_result
+
+    ap = argparse.ArgumentParser(prog="bullet-trt bench steady", description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="result JSON files of bench serve (.json or .json.gz)")
+    ap.add_argument("--windows", type=int, default=6, help="parts of the arrival window (default 6)")
+    args = ap.parse_args(argv)
+    if args.windows < 2:
+        raise SystemExit(f"--windows must be >= 2, got {args.windows}")
+    for path in args.runs:
+        doc = load_result(path)
+        s = doc["summary"]
+        slo = (s["ttft_slo_s"], s["tpot_slo_s"])
+        if not doc.get("requests"):
+            print(f"{path}: no per-request records (requests_not_kept)", file=sys.stderr)
+            continue
+        parts = attainment_by_window(doc, *slo, args.windows)
+        halves = attainment_by_window(doc, *slo, 2)
+        tail = steady_state(doc, *slo)
+        shown = " ".join("-" if a is None else f"{a * 100:.0f}" for a in parts)
+        print(f"{doc['label']} {doc['dataset']} {doc['rate']:g} req/s seed {doc.get('seed', 0)}: "
+              f"attainment in {args.windows} parts of the arrivals {shown}; first half {halves[0] * 100:.1f}%, "
+              f"whole {s['slo_attainment'] * 100:.1f}%; last third {tail.tail_attainment * 100:.1f}%, "
+              f"{tail.served_tok_s:.0f} of {tail.offered_tok_s:.0f} out tok/s served")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
