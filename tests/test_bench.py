@@ -582,16 +582,33 @@ def test_a_sweep_stops_a_decided_rate_and_skips_what_it_cannot_change(server, tm
     assert "| sharegpt | server | - | 4 |" in md
 
 
-def test_serve_bench_trace_replay_and_bounded_drain(server, tmp_path):
+@pytest.fixture(scope="module")
+def long_engine(tmp_path_factory):
+    from tests.tiny_engine import LONG_CONTEXT, tiny_engine
+    return tiny_engine(tmp_path_factory.mktemp("tiny-long") / "engine", max_model_len=LONG_CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def long_server(tmp_path_factory, long_engine):
+    from tests.triton_fixture import start_server
+    srv = start_server(tmp_path_factory.mktemp("bench-triton-long"), engine_dir=long_engine)
+    yield srv
+    srv.stop()
+
+
+def test_serve_bench_trace_replay_and_bounded_drain(long_server, long_engine, tmp_path):
     """A trace replayed at its own timing; requests still running at the drain timeout are
-    cancelled and recorded as errors, and the run still writes its results."""
+    cancelled and recorded as errors, and the run still writes its results. The drain must
+    outlast the short requests on a loaded machine (0.5 s once did not) and the long one
+    must outlast the drain: it is held for HELD_TOKENS tokens, seconds more on any machine."""
     from bullet_trt.tools.bench import serve_bench
-    from tests.triton_fixture import ensure_tiny_random_engine
-    trace = _write(tmp_path, "arrival_time_s,input_tokens,output_tokens\n0.0,20,3\n0.05,30,3\n0.1,40,900\n")
+    from tests.tiny_engine import HELD_TOKENS
+    server = long_server
+    trace = _write(tmp_path, f"arrival_time_s,input_tokens,output_tokens\n0.0,20,3\n0.05,30,3\n0.1,40,{HELD_TOKENS}\n")
     out = tmp_path / "results"
-    rc = serve_bench.main(["--url", server.grpc_url, "--engine-dir", str(ensure_tiny_random_engine()),
+    rc = serve_bench.main(["--url", server.grpc_url, "--engine-dir", str(long_engine),
                            "--dataset", f"trace:{trace}", "--label", "t", "--warmup", "0", "--no-progress",
-                           "--drain-timeout-s", "0.5", "--no-plots", "--out", str(out)])
+                           "--drain-timeout-s", "3", "--no-plots", "--out", str(out)])
     assert rc == 0
     doc = json.loads((out / "t__trace-trace__rate20.json").read_text())
     reqs = doc["requests"]
