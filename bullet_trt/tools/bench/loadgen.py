@@ -113,6 +113,7 @@ class LoadGenerator:
         self._records: dict[str, RequestRecord] = {}
         self._done: set[str] = set()
         self._first: set[str] = set()
+        self._missed: set[str] = set()  # ended without meeting the TTFT SLO, or got their first token too late
         self._sender_done = False
         self._ttfts: list[float] = []
         self._t0 = 0.0
@@ -177,7 +178,10 @@ class LoadGenerator:
                 rec.chunk_tokens.append(tokens)
                 if tokens > 0 and rid not in self._first:
                     self._first.add(rid)
-                    self._ttfts.append(now - (rec.sent_s if rec.sent_s is not None else now))
+                    ttft = now - (rec.sent_s if rec.sent_s is not None else now)
+                    self._ttfts.append(ttft)
+                    if self.opts.ttft_slo_s is not None and ttft > self.opts.ttft_slo_s:
+                        self._missed.add(rid)
             if n_in is not None:
                 rec.num_input_tokens = n_in
             if final:
@@ -203,6 +207,8 @@ class LoadGenerator:
 
     def _finish(self, rid: str) -> None:  # under the lock
         self._done.add(rid)
+        if not self._records[rid].finished or rid not in self._first:  # failed, or ended without a token
+            self._missed.add(rid)
         if len(self._done) == len(self._records) and self._sender_done:
             self._all_done.set()
 
@@ -222,6 +228,7 @@ class LoadGenerator:
                          for rid, r in zip(rids, requests)}
         self._done = set()
         self._first = set()
+        self._missed = set()
         self._ttfts = []
         self._sender_done = False
         self._stop.clear()
@@ -309,21 +316,14 @@ class LoadGenerator:
                         sent - finished - failed, p50)
 
     def _known_misses(self, now: float) -> int:
-        """Requests that can no longer meet the TTFT SLO: failed ones, those whose first token
-        came later than it, and those that have waited longer than it without one."""
+        """Requests that can no longer meet the TTFT SLO: those the callbacks marked (failed,
+        ended without a token, first token later than it) and those still waiting past it."""
         slo = self.opts.ttft_slo_s
-        misses = 0
         with self._lock:
-            for rid, rec in self._records.items():
-                if rec.sent_s is None:
-                    continue
-                if rid in self._done and not rec.finished:
-                    misses += 1
-                elif rid in self._first:
-                    misses += rec.ttft is None or rec.ttft > slo
-                elif rid in self._done or now - rec.sent_s > slo:  # ended without a token, or late
-                    misses += 1
-        return misses
+            waiting = sum(1 for rid, rec in self._records.items()
+                          if rec.sent_s is not None and rid not in self._first and rid not in self._done
+                          and now - rec.sent_s > slo)
+            return len(self._missed) + waiting
 
     def _wait(self, sender: threading.Thread, requests: Sequence[BenchRequest]) -> str | None:
         opts = self.opts

@@ -26,6 +26,8 @@ import argparse
 import sys
 from dataclasses import dataclass
 
+from bullet_trt.tools.bench.metrics import slo_attainment
+
 TAIL_FRACTION = 1 / 3
 
 
@@ -36,10 +38,9 @@ class SteadyState:
     offered_tok_s: float
 
 
-def _meets(r: dict, ttft_slo_s: float, tpot_slo_s: float) -> bool:
-    if not r.get("finished") or r.get("error") is not None or r.get("ttft_s") is None:
-        return False
-    return r["ttft_s"] <= ttft_slo_s and (r.get("tpot_s") is None or r["tpot_s"] <= tpot_slo_s)
+def _attainment(reqs: list[dict], ttft_slo_s: float, tpot_slo_s: float) -> float:
+    return slo_attainment([r.get("ttft_s") for r in reqs], [r.get("tpot_s") for r in reqs], ttft_slo_s,
+                          tpot_slo_s, [bool(r.get("finished")) and r.get("error") is None for r in reqs])
 
 
 def _tokens_delivered_between(r: dict, start: float, end: float) -> float:
@@ -66,7 +67,7 @@ def steady_state(doc: dict, ttft_slo_s: float, tpot_slo_s: float) -> SteadyState
     offered = sum(r.get("max_tokens") or r.get("num_output_tokens") or 0 for r in tail)
     served = sum(_tokens_delivered_between(r, window_start, window_end) for r in reqs)
     return SteadyState(
-        tail_attainment=sum(_meets(r, ttft_slo_s, tpot_slo_s) for r in tail) / len(tail),
+        tail_attainment=_attainment(tail, ttft_slo_s, tpot_slo_s),
         served_tok_s=served / span if span > 0 else 0.0,
         offered_tok_s=offered / span if span > 0 else 0.0)
 
@@ -80,8 +81,7 @@ def attainment_by_window(doc: dict, ttft_slo_s: float, tpot_slo_s: float, window
     for r in reqs:
         at = r.get("scheduled_s") or 0.0
         parts[min(windows - 1, int(at / end * windows)) if end > 0 else 0].append(r)
-    return [sum(_meets(r, ttft_slo_s, tpot_slo_s) for r in part) / len(part) if part else None
-            for part in parts]
+    return [_attainment(part, ttft_slo_s, tpot_slo_s) if part else None for part in parts]
 
 
 def main(argv: list[str] | None = None) -> int:
