@@ -707,3 +707,15 @@ def test_loadgen_ends_the_run_when_the_server_goes_away(tmp_path, tokenizer):
         assert r.ok or r.error  # every request ends: finished, failed, or not sent
     unsent = [r for r in res.records if r.sent_s is None]
     assert unsent and all(r.error.startswith("not sent") for r in unsent)
+
+
+def test_gpu_telemetry_reads_the_gpu_cuda_numbers_not_nvmls_first():
+    from bullet_trt.spatial.gpu_monitor import nvml_device
+    # NVML counts every GPU of the host; a run started with CUDA_VISIBLE_DEVICES=1 serves on
+    # NVML's GPU 1 while its CUDA device is 0.
+    assert nvml_device(0, visible="1") == 1
+    assert nvml_device(1, visible="3,2") == 2
+    assert nvml_device(0, visible="GPU-8f0e1c2a-aaaa") == "GPU-8f0e1c2a-aaaa"
+    assert nvml_device(2, visible="") == 2
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
+        nvml_device(1, visible="0")

@@ -11,9 +11,33 @@ the driver does not expose a counter (CPU runs, some virtual machines) the sampl
 """
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
+
+
+def nvml_device(cuda_index: int, visible: str | None = None) -> int | str:
+    """What NVML calls CUDA device ``cuda_index`` of this process: NVML counts every GPU of the
+    host and ignores CUDA_VISIBLE_DEVICES, so a server started with CUDA_VISIBLE_DEVICES=1 (one
+    of two runs side by side) would otherwise read the clock and power of the other run's GPU.
+    An int is an NVML index, a str a UUID ("GPU-..." or "MIG-...")."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if not visible or not visible.strip():
+        return cuda_index
+    entries = [e.strip() for e in visible.split(",")]
+    if cuda_index >= len(entries):
+        raise ValueError(f"CUDA device {cuda_index} is not among CUDA_VISIBLE_DEVICES={visible!r}")
+    entry = entries[cuda_index]
+    return int(entry) if entry.isdigit() else entry
+
+
+def nvml_handle(nvml, cuda_index: int):
+    """NVML's handle of CUDA device ``cuda_index`` (after nvmlInit)."""
+    device = nvml_device(cuda_index)
+    if isinstance(device, int):
+        return nvml.nvmlDeviceGetHandleByIndex(device)
+    return nvml.nvmlDeviceGetHandleByUUID(device)
 
 
 def _open(device_index: int | None):
@@ -23,7 +47,7 @@ def _open(device_index: int | None):
     try:
         import pynvml
         pynvml.nvmlInit()
-        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        return pynvml, nvml_handle(pynvml, device_index)
     except Exception:  # noqa: BLE001 - no NVML: samples are simply empty
         return None, None
 

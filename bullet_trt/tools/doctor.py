@@ -39,6 +39,7 @@ import time
 import traceback
 from typing import Any
 
+from bullet_trt.spatial.gpu_monitor import nvml_handle
 from bullet_trt.spatial.partitioners import make_partitioner, native
 from bullet_trt.spatial.partitioners.base import KINDS
 
@@ -325,7 +326,7 @@ def nvml_info(index: int) -> dict[str, Any]:
     def text(v):
         return v.decode() if isinstance(v, bytes) else v
 
-    h = pynvml.nvmlDeviceGetHandleByIndex(index)
+    h = nvml_handle(pynvml, index)
     grab("driver_version", lambda: text(pynvml.nvmlSystemGetDriverVersion()))
     grab("cuda_driver_version", lambda: (lambda v: f"{v // 1000}.{v % 1000 // 10}")(
         pynvml.nvmlSystemGetCudaDriverVersion()))

@@ -26,6 +26,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from bullet_trt.spatial.gpu_monitor import nvml_handle
 from bullet_trt.spatial.partitioners import cuda_driver
 from bullet_trt.spatial.partitioners.base import SETTING, Partitioner, device_index
 
@@ -175,7 +176,7 @@ def mps_client_evidence(device=0) -> dict[str, Any]:
         import pynvml
 
         pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(device_index(device))
+        h = nvml_handle(pynvml, device_index(device))
         procs = pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h)
         out["nvml_mps_pids"] = sorted(p.pid for p in procs)
         out["pid_in_nvml_mps"] = os.getpid() in out["nvml_mps_pids"]

@@ -24,6 +24,11 @@
 #   overlap  bullet at $RATE with the iteration log (GPU-clock stamps), prefill starting at once
 #            and waiting for decode's move (serve.prefill_waits_for_split), then `bench overlap`;
 #            its two runs need ~9 minutes, so run it where an earlier stage built the engine
+#   pair     two `protocol` stages side by side on a machine of two GPUs, one per GPU
+#            (CUDA_VISIBLE_DEVICES=0 and 1, outputs in $OUT/gpu0 and $OUT/gpu1): $PAIR holds
+#            "MODE:CHUNK:RATE MODE:CHUNK:RATE" (RATE as in protocol, commas allowed); each
+#            stage's server and load generator see only their own GPU, so the two runs share
+#            the host's CPUs (16 per run on a 32-core host) and nothing on the GPUs
 # The protocol's rates must lie below capacity: a rate above it scores by the run's length
 # (docs/benchmarks.md, "The targets under the protocol"); the summary's "last third" columns
 # tell the two apart.
@@ -33,8 +38,10 @@ G="--set decode.cuda_graph_batch_sizes=[1,2,4,8,16,32,48,64,96,128,160,192,256,3
 PW="--set prefill.piecewise_graph_tokens=[128,256,512,768,1024,1280,1536,1792,2048]"
 COMMON="--start-server --engine-dir $ENGINE --dataset sharegpt --duration 60 --ttft-slo-ms 1000 --tpot-slo-ms 50 --no-progress"
 clocks() { nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader; }
-h200_calibration() {  # the H200's stored calibration, which the server takes only on an H200
+stored_calibrations() {  # the H200's and H100's stored calibrations; a server takes its own GPU's
   [ -f "$ENGINE/perf_model.yaml" ] || cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$ENGINE/perf_model.yaml"
+  [ -f "$ENGINE/perf_model.nvidia-h100-80gb-hbm3.yaml" ] \
+    || cp docs/data/perf_model_h100_llama-3.1-8b.yaml "$ENGINE/perf_model.nvidia-h100-80gb-hbm3.yaml"
 }
 serve() {  # serve LABEL TIMEOUT ARGS...
   local label=$1 limit=$2
@@ -43,7 +50,7 @@ serve() {  # serve LABEL TIMEOUT ARGS...
     | grep -a -E "req/s|sized for|performance model|Error|error" | tail -8
 }
 pack() { [ -d "$OUT/serve" ] && tar czf "$OUT/serve_$stage.tar.gz" -C "$OUT" serve && rm -rf "$OUT/serve"; }
-h200_calibration
+stored_calibrations
 clocks
 case "$stage" in
   check)
@@ -83,7 +90,7 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
   protocol)
     graphs=""
     [ "${MODE:?}" = chunked ] && graphs=$PW
-    serve "$MODE-${CHUNK:-2048}-r$RATE" 590 --modes "$MODE" --rates "${RATE:?}" $G $graphs \
+    serve "$MODE-${CHUNK:-2048}-r$RATE" "${LIMIT:-590}" --modes "$MODE" --rates "${RATE:?}" $G $graphs \
       --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
     pack
     ;;
@@ -97,6 +104,18 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
     serve "moe-$MODE-${CHUNK:-2048}-r$RATE" 590 --modes "$MODE" --rates "${RATE:?}" $G $graphs \
       --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
     pack
+    ;;
+  pair)
+    gpu=0
+    for spec in ${PAIR:?}; do
+      IFS=: read -r mode chunk rate <<<"$spec"
+      mkdir -p "$OUT/gpu$gpu"
+      CUDA_VISIBLE_DEVICES=$gpu OUT=$OUT/gpu$gpu MODE=$mode CHUNK=$chunk RATE=$rate \
+        bash "$0" protocol >"$OUT/gpu$gpu/stage.log" 2>&1 &
+      gpu=$((gpu + 1))
+    done
+    wait
+    for log in "$OUT"/gpu*/stage.log; do echo "== $log"; cat "$log"; done
     ;;
   overlap)
     for wait in false true; do
