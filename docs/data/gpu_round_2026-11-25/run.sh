@@ -90,7 +90,7 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
   protocol)
     graphs=""
     [ "${MODE:?}" = chunked ] && graphs=$PW
-    serve "$MODE-${CHUNK:-2048}-r$RATE" "${LIMIT:-590}" --modes "$MODE" --rates "${RATE:?}" $G $graphs \
+    serve "$MODE-${CHUNK:-2048}" "${LIMIT:-590}" --modes "$MODE" --rates "${RATE:?}" $G $graphs \
       --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
     pack
     ;;
@@ -101,7 +101,7 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
     COMMON=${COMMON/--engine-dir $ENGINE/--engine-dir $moe_engine}
     graphs=""
     [ "${MODE:?}" = chunked ] && graphs=$PW
-    serve "moe-$MODE-${CHUNK:-2048}-r$RATE" 590 --modes "$MODE" --rates "${RATE:?}" $G $graphs \
+    serve "moe-$MODE-${CHUNK:-2048}" "${LIMIT:-590}" --modes "$MODE" --rates "${RATE:?}" $G $graphs \
       --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
     pack
     ;;
