@@ -341,20 +341,26 @@ def test_a_rate_whose_last_third_misses_is_not_sustained_however_good_the_whole_
     assert "| 70.0% |" in md  # the per-run column
 
 
-def test_compare_reads_gzipped_results_beside_plain_ones(tmp_path):
+def test_compare_reads_compressed_results_beside_plain_ones(tmp_path):
     import gzip
+    import lzma
     from bullet_trt.tools.bench.report import rebuild_report
     from bullet_trt.tools.bench.results import load_results
     path, _ = _fake_run(tmp_path, "chunked", 1.0, 0.05)
     gz = path.with_name(path.name + ".gz")
     gz.write_bytes(gzip.compress(path.read_bytes()))
     path.unlink()
+    path, _ = _fake_run(tmp_path, "static", 1.0, 0.05)
+    path.with_name(path.name + ".xz").write_bytes(lzma.compress(path.read_bytes()))
+    path.unlink()
     _fake_run(tmp_path, "bullet", 1.0, 0.05)
     (tmp_path / "broken.json.gz").write_bytes(b"not gzip")
+    (tmp_path / "broken.json.xz").write_bytes(b"not xz")
     docs = load_results(tmp_path)
-    assert sorted(d["label"] for d in docs) == ["bullet", "chunked"]
+    assert sorted(d["label"] for d in docs) == ["bullet", "chunked", "static"]
     rebuild_report(tmp_path, plots=False)
-    assert "| chunked | sharegpt | 1 | 0 | 4/4" in (tmp_path / "summary.md").read_text()
+    md = (tmp_path / "summary.md").read_text()
+    assert "| chunked | sharegpt | 1 | 0 | 4/4" in md and "| static | sharegpt | 1 | 0 | 4/4" in md
 
 
 def test_gpu_telemetry_summary_covers_the_arrival_window_only():

@@ -134,6 +134,11 @@ def test_split_timeline_is_drawn_on_the_gpu_clock_from_a_gzipped_log(tmp_path):
     with gzip.open(log, "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     assert load(log) == records
+    import lzma
+    xz_log = tmp_path / "iterations.jsonl.xz"
+    with lzma.open(xz_log, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    assert load(xz_log) == records
     png = plot(load(log), tmp_path / "zoom.png", start=0.0, end=0.05)  # seconds of the GPU clock
     assert png.stat().st_size > 1000
     for r in records:

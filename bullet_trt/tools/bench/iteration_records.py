@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 from pathlib import Path
 
 
 def load(path: str | Path) -> list[dict]:
-    """The log's records; a path ending in .gz is read through gzip."""
-    opener = gzip.open if str(path).endswith(".gz") else open
+    """The log's records; a path ending in .gz or .xz is read through gzip or lzma."""
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(Path(path).suffix, open)
     with opener(path, "rt") as f:
         return [json.loads(line) for line in f if line.strip()]
 

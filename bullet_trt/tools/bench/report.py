@@ -66,7 +66,7 @@ def rebuild_report(out_dir: Path, ttft_slo_ms: float | None = None, tpot_slo_ms:
     out_dir = Path(out_dir)
     docs = load_results(out_dir)
     if not docs:
-        raise SystemExit(f"no benchmark results (*.json or *.json.gz of kind {RESULT_KIND}) in {out_dir}")
+        raise SystemExit(f"no benchmark results (*.json, *.json.gz or *.json.xz of kind {RESULT_KIND}) in {out_dir}")
     report = Path(report_dir) if report_dir else out_dir
     report.mkdir(parents=True, exist_ok=True)
     md = report / "summary.md"

@@ -9,7 +9,7 @@
         --modes chunked,bullet,static --set serve.static_prefill_sms=66 \\
         --dataset azure-conv --rates 1,2,4,8 --duration 120 --out results/
 
-    # rebuild summary.md and the plots from the JSON files (plain or .json.gz) in a directory
+    # rebuild summary.md and the plots from the JSON files (plain, .json.gz or .json.xz) in a directory
     bullet-trt bench serve --compare results/
 
 Every run (one label, one dataset, one rate, one seed) writes

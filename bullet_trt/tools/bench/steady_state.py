@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from bullet_trt.tools.bench.results import load_result
 
     ap = argparse.ArgumentParser(prog="bullet-trt bench steady", description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", help="result JSON files of bench serve (.json or .json.gz)")
+    ap.add_argument("runs", nargs="+", help="result JSON files of bench serve (.json, .json.gz or .json.xz)")
     ap.add_argument("--windows", type=int, default=6, help="parts of the arrival window (default 6)")
     args = ap.parse_args(argv)
     if args.windows < 2:
