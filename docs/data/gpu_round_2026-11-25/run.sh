@@ -28,7 +28,7 @@
 #            (CUDA_VISIBLE_DEVICES=0 and 1, outputs in $OUT/gpu0 and $OUT/gpu1): $PAIR holds
 #            "MODE:CHUNK:RATE MODE:CHUNK:RATE" (RATE as in protocol, commas allowed); each
 #            stage's server and load generator see only their own GPU, so the two runs share
-#            the host's CPUs (16 per run on a 32-core host) and nothing on the GPUs
+#            the host's CPUs (unpinned) and nothing on the GPUs
 # Every stage serves $DATASET (default sharegpt; azure-conv, azure-code) at TTFT <= $TTFT_SLO ms
 # and TPOT <= $TPOT_SLO ms (defaults 1000 and 50), e.g. the targets' second and third rows:
 #   TPOT_SLO=40 PAIR="bullet:2048:30 chunked:1024:22" ... pair   (rates: starting points only;
