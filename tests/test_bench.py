@@ -289,6 +289,21 @@ def test_sustained_rate_averages_repeats_and_stops_at_the_first_miss(tmp_path):
     assert "| sharegpt | bullet | 3 | 4 | 3.00x chunked |" in md
 
 
+def test_an_interrupted_run_is_left_out_of_its_rates_mean_and_a_decided_one_is_not():
+    from bullet_trt.tools.bench import capacity
+
+    def doc(label, seed, stopped=None):
+        return {"label": label, "dataset": "sharegpt", "rate": 2.0, "seed": seed, "stopped_early": stopped}
+    scored = [(doc("bullet", 0), 0.95, 0.92), (doc("bullet", 1), 0.93, 0.91),
+              # cut by a time limit with a quarter of its requests unfinished, counted as misses
+              (doc("bullet", 2, "interrupted"), 0.70, 0.40),
+              (doc("chunked", 0), 0.95, 0.95),
+              (doc("chunked", 1, "decided: 31 of 100 requests missed the SLO"), 0.69, 0.2)]
+    caps = {c.label: c for c in capacity.capacities(scored)}
+    assert caps["bullet"].attainment[2.0] == [0.95, 0.93] and caps["bullet"].sustained == 2.0
+    assert caps["chunked"].attainment[2.0] == [0.95, 0.69] and caps["chunked"].first_miss == 2.0
+
+
 def _queued_run(out_dir, label, first_token_at, seed=0, n=30, tokens=11):
     """n requests arriving 1 s apart, each streaming `tokens` tokens 0.1 s apart from the time
     first_token_at(i) gives request i."""

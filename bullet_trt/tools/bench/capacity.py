@@ -7,6 +7,11 @@ falls behind its arrivals meets the SLOs until its queue has grown, so its whole
 depends on the run's length (bullet_trt/tools/bench/steady_state.py). Its sustained rate is the highest such R among the rates measured; the first
 measured rate above it that misses the target bounds its true capacity from above. Ratios
 between configurations compare sustained rates, so they are only as fine as the rate grid.
+
+A run interrupted before its requests ended (a stage's time limit, Ctrl-C) measured only part
+of its window, its unfinished requests counted as misses: it is left out of its rate's mean
+(the report's notes name it). A run stopped because it was decided (`--stop-when-decided`)
+is a measured miss and stays in.
 """
 from __future__ import annotations
 
@@ -35,6 +40,11 @@ class Capacity:
         return self.mean_attainment(rate) >= target and (not tail or mean(tail) >= target)
 
 
+def whole_run(doc: dict) -> bool:
+    """Whether a result measured its whole window (not interrupted; see the module's note)."""
+    return doc.get("stopped_early") != "interrupted"
+
+
 def capacities(scored: list[tuple[dict, float, float | None]], target: float = DEFAULT_TARGET) -> list[Capacity]:
     """One Capacity per (dataset, label) from (result JSON, its SLO attainment, that of its
     last third of arrivals or None) triples."""
@@ -42,6 +52,8 @@ def capacities(scored: list[tuple[dict, float, float | None]], target: float = D
     by_rate: dict[tuple[str, str], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     tail_by_rate: dict[tuple[str, str], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for doc, att, tail in scored:
+        if not whole_run(doc):
+            continue
         key = (doc["dataset"], doc["label"])
         groups.setdefault(key, Capacity(doc["label"], doc["dataset"]))
         by_rate[key][float(doc["rate"])].append(att)
