@@ -22,8 +22,8 @@ def nvml_device(cuda_index: int, visible: str | None = None) -> int | str:
     host and ignores CUDA_VISIBLE_DEVICES, so a server started with CUDA_VISIBLE_DEVICES=1 (one
     of two runs side by side) would otherwise read the clock and power of the other run's GPU.
     An int is an NVML index, a str a UUID ("GPU-..." or "MIG-...")."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
-    if not visible or not visible.strip():
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "") if visible is None else visible
+    if not visible.strip():
         return cuda_index
     entries = [e.strip() for e in visible.split(",")]
     if cuda_index >= len(entries):

@@ -2,16 +2,15 @@
 decode step) and each step's window in time, for the tools that read such a log."""
 from __future__ import annotations
 
-import gzip
 import json
-import lzma
 from pathlib import Path
+
+from bullet_trt.tools.bench.kept_files import open_kept
 
 
 def load(path: str | Path) -> list[dict]:
     """The log's records; a path ending in .gz or .xz is read through gzip or lzma."""
-    opener = {".gz": gzip.open, ".xz": lzma.open}.get(Path(path).suffix, open)
-    with opener(path, "rt") as f:
+    with open_kept(path, "rt") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 

@@ -4,7 +4,6 @@ seed), named so that runs of several configurations share one directory and one 
 from __future__ import annotations
 
 import datetime as _dt
-import gzip
 import json
 import lzma
 import os
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bullet_trt.tools.bench import datasets as ds
+from bullet_trt.tools.bench.kept_files import open_kept
 from bullet_trt.tools.bench.metrics import RequestRecord, summarize
 
 # Kept from when the benchmark was one module: result files already written carry it.
@@ -66,12 +66,8 @@ def load_result(path: str | Path) -> dict:
     """One result JSON, plain, gzipped or xz-compressed; ValueError when the file is not one."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
-        if path.suffix == ".gz":
-            raw = gzip.decompress(raw)
-        elif path.suffix == ".xz":
-            raw = lzma.decompress(raw)
-        doc = json.loads(raw)
+        with open_kept(path) as f:
+            doc = json.loads(f.read())
     except (EOFError, ValueError, lzma.LZMAError) as e:  # truncated, not compressed as named, or not JSON
         raise ValueError(f"{path}: not a benchmark result ({e})") from None
     if not (isinstance(doc, dict) and doc.get("kind") == RESULT_KIND):

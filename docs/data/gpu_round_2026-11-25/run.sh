@@ -58,7 +58,14 @@ serve() {  # serve LABEL TIMEOUT ARGS...
     | grep -a -E "req/s|sized for|performance model|Error|error" | tail -8
 }
 pack() { [ -d "$OUT/serve" ] && tar czf "$OUT/serve_$stage.tar.gz" -C "$OUT" serve && rm -rf "$OUT/serve"; }
-stored_calibrations
+repeated() {  # repeated LABEL: $MODE at ascending $RATE, ${REPEATS:-3} seeds x 120 s, decided early
+  local graphs=""
+  [ "${MODE:?}" = chunked ] && graphs=$PW
+  serve "$1-${CHUNK:-2048}$SLO_TAG" "${LIMIT:-590}" --modes "$MODE" --rates "${RATE:?}" $G $graphs \
+    --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
+  pack
+}
+[ "$stage" = calib ] || stored_calibrations  # calib measures this GPU, which a stored file stops (run it first)
 clocks
 case "$stage" in
   check)
@@ -96,22 +103,14 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
     pack
     ;;
   protocol)
-    graphs=""
-    [ "${MODE:?}" = chunked ] && graphs=$PW
-    serve "$MODE-${CHUNK:-2048}$SLO_TAG" "${LIMIT:-590}" --modes "$MODE" --rates "${RATE:?}" $G $graphs \
-      --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
-    pack
+    repeated "${MODE:?}"
     ;;
   moe)
     moe_engine=${MOE_ENGINE:-${GPU_RUN_DIR:?}/engines/qwen3-30b-a3b}
     [ -f "$moe_engine/engine.yaml" ] || python build_engines.py --dummy-weights --arch qwen3-30b-a3b \
       --out "$moe_engine" --max-model-len 4096 >/dev/null || exit 1
     COMMON=${COMMON/--engine-dir $ENGINE/--engine-dir $moe_engine}
-    graphs=""
-    [ "${MODE:?}" = chunked ] && graphs=$PW
-    serve "moe-$MODE-${CHUNK:-2048}$SLO_TAG" "${LIMIT:-590}" --modes "$MODE" --rates "${RATE:?}" $G $graphs \
-      --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
-    pack
+    repeated "moe-${MODE:?}"
     ;;
   pair)
     gpu=0

@@ -6,7 +6,6 @@ decides whether partition sizes that avoid wave quantization are a lever for the
 """
 import json
 import os
-import sys
 
 import torch
 
@@ -14,7 +13,7 @@ from bullet_trt.spatial.calibrate import measurement_setup, profile_items, time_
 
 engine = os.environ["ENGINE"]
 counts = list(range(16, 129, 8))
-cfg, state, session, streams = measurement_setup(engine, counts)
+_, state, session, streams = measurement_setup(engine, counts)
 set_num_sms = getattr(session.model.ops, "set_num_sms", None)
 rows = []
 for sms, stream in sorted(streams.items()):
@@ -28,4 +27,3 @@ for sms, stream in sorted(streams.items()):
 out = {"gpu": torch.cuda.get_device_name(), "engine": os.path.basename(engine.rstrip("/")), "rows": rows}
 with open(os.path.join(os.environ.get("OUT", "."), "prefill_by_sms.json"), "w") as f:
     json.dump(out, f, indent=1)
-sys.exit(0)
