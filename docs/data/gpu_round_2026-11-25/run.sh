@@ -31,9 +31,9 @@
 #            the host's CPUs (unpinned) and nothing on the GPUs
 # Every stage serves $DATASET (default sharegpt; azure-conv, azure-code) at TTFT <= $TTFT_SLO ms
 # and TPOT <= $TPOT_SLO ms (defaults 1000 and 50), e.g. the targets' second and third rows:
-#   TPOT_SLO=40 PAIR="bullet:2048:30 chunked:1024:22" ... pair   (rates: starting points only;
+#   TPOT_SLO=40 PAIR="bullet:2048:36 chunked:1024:26" ... pair   (what two H100s sustained)
+#   DATASET=azure-code PAIR="bullet:2048:12 chunked:1024:12" ... pair   (a starting point only:
 #   the H200 one-seed runs sustained 14-20 req/s of the Azure-like loads, docs/benchmarks.md)
-#   DATASET=azure-code PAIR="bullet:2048:12 chunked:1024:12" ... pair
 # The protocol's rates must lie below capacity: a rate above it scores by the run's length
 # (docs/benchmarks.md, "The targets under the protocol"); the summary's "last third" columns
 # tell the two apart.
