@@ -245,11 +245,8 @@ case "$cmd" in
       # shellcheck disable=SC2086 # CALIBRATE is a list of --set arguments
       "$PY" build_engines.py --profile --out "$ENGINE" $CALIBRATE 2>&1 | tail -3 || die "calibration failed"
       cp "$ENGINE"/perf_model.*.yaml "$ENGINE"/perf_profile.*.json "$out/"
-    else  # the stored calibrations; the server takes its own GPU's (spatial/calibration_store.py)
-      for gpu in h200:nvidia-h200 h100:nvidia-h100-80gb-hbm3; do
-        [ -f "$ENGINE/perf_model.${gpu#*:}.yaml" ] \
-          || cp "docs/data/perf_model_${gpu%%:*}_llama-3.1-8b.yaml" "$ENGINE/perf_model.${gpu#*:}.yaml"
-      done
+    else
+      bash scripts/stored_calibrations.sh "$ENGINE"
     fi
     rm -rf "$out/serve"
     # shellcheck disable=SC2086 # LOAD and EXTRA are lists of arguments

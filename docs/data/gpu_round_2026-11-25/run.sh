@@ -26,9 +26,13 @@
 #            its two runs need ~9 minutes, so run it where an earlier stage built the engine
 #   pair     two `protocol` stages side by side on a machine of two GPUs, one per GPU
 #            (CUDA_VISIBLE_DEVICES=0 and 1, outputs in $OUT/gpu0 and $OUT/gpu1): $PAIR holds
-#            "MODE:CHUNK:RATE MODE:CHUNK:RATE" (RATE as in protocol, commas allowed); each
+#            "MODE:CHUNK:RATE[:SETS] MODE:CHUNK:RATE[:SETS]" (RATE as in protocol, commas
+#            allowed; SETS: that stage's $SETS, comma-separated), e.g. one mode with and
+#            without an override at the same rate; each
 #            stage's server and load generator see only their own GPU, so the two runs share
 #            the host's CPUs (unpinned) and nothing on the GPUs
+# $SETS ("key=value ..."): engine overrides for the protocol, moe and pair stages' servers,
+# each named in the runs' label, e.g. SETS="serve.tpot_plan_fraction=1.0".
 # Every stage serves $DATASET (default sharegpt; azure-conv, azure-code) at TTFT <= $TTFT_SLO ms
 # and TPOT <= $TPOT_SLO ms (defaults 1000 and 50), e.g. the targets' second and third rows:
 #   TPOT_SLO=40 PAIR="bullet:2048:36 chunked:1024:26" ... pair   (what two H100s sustained)
@@ -46,11 +50,6 @@ COMMON="--start-server --engine-dir $ENGINE --dataset $DATASET --duration 60 --t
 SLO_TAG=""  # runs at other SLOs than the targets' first keep them in their label
 [ "$TTFT_SLO/$TPOT_SLO" = 1000/50 ] || SLO_TAG="-ttft$TTFT_SLO-tpot$TPOT_SLO"
 clocks() { nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader; }
-stored_calibrations() {  # the H200's and H100's stored calibrations; a server takes its own GPU's
-  [ -f "$ENGINE/perf_model.yaml" ] || cp docs/data/perf_model_h200_llama-3.1-8b.yaml "$ENGINE/perf_model.yaml"
-  [ -f "$ENGINE/perf_model.nvidia-h100-80gb-hbm3.yaml" ] \
-    || cp docs/data/perf_model_h100_llama-3.1-8b.yaml "$ENGINE/perf_model.nvidia-h100-80gb-hbm3.yaml"
-}
 serve() {  # serve LABEL TIMEOUT ARGS...
   local label=$1 limit=$2
   shift 2
@@ -59,13 +58,18 @@ serve() {  # serve LABEL TIMEOUT ARGS...
 }
 pack() { [ -d "$OUT/serve" ] && tar czf "$OUT/serve_$stage.tar.gz" -C "$OUT" serve && rm -rf "$OUT/serve"; }
 repeated() {  # repeated LABEL: $MODE at ascending $RATE, ${REPEATS:-3} seeds x 120 s, decided early
-  local graphs=""
+  local graphs="" sets="" set_tag="" kv key
   [ "${MODE:?}" = chunked ] && graphs=$PW
-  serve "$1-${CHUNK:-2048}$SLO_TAG" "${LIMIT:-590}" --modes "$MODE" --rates "${RATE:?}" $G $graphs \
+  for kv in ${SETS:-}; do  # each override names itself in the label: serve.tpot_plan_fraction=1.0 -> tpot_plan_fraction1.0
+    sets="$sets --set $kv"
+    key=${kv%%=*}
+    set_tag="$set_tag-$(echo "${key##*.}${kv#*=}" | tr -c 'A-Za-z0-9_.\n' '-')"
+  done
+  serve "$1-${CHUNK:-2048}$SLO_TAG$set_tag" "${LIMIT:-590}" --modes "$MODE" --rates "${RATE:?}" $G $graphs $sets \
     --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
   pack
 }
-[ "$stage" = calib ] || stored_calibrations  # calib measures this GPU, which a stored file stops (run it first)
+[ "$stage" = calib ] || bash scripts/stored_calibrations.sh "$ENGINE"  # calib measures this GPU, which a stored file stops (run it first)
 clocks
 case "$stage" in
   check)
@@ -115,9 +119,9 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
   pair)
     gpu=0
     for spec in ${PAIR:?}; do
-      IFS=: read -r mode chunk rate <<<"$spec"
+      IFS=: read -r mode chunk rate sets <<<"$spec"
       mkdir -p "$OUT/gpu$gpu"
-      CUDA_VISIBLE_DEVICES=$gpu OUT=$OUT/gpu$gpu MODE=$mode CHUNK=$chunk RATE=$rate \
+      CUDA_VISIBLE_DEVICES=$gpu OUT=$OUT/gpu$gpu MODE=$mode CHUNK=$chunk RATE=$rate SETS="${sets//,/ }" \
         bash "$0" protocol >"$OUT/gpu$gpu/stage.log" 2>&1 &
       gpu=$((gpu + 1))
     done
