@@ -340,6 +340,31 @@ def test_bench_steady_shows_where_in_its_arrivals_a_run_stopped_keeping_up(tmp_p
     out = capsys.readouterr().out
     assert "late-tail sharegpt 1 req/s seed 0: attainment in 3 parts of the arrivals 100 100 70; " \
            "first half 100.0%, whole 90.0%; last third 70.0%" in out
+    assert "TTFT p50 per part 50 50 50 ms; TPOT p50 per part 100 100 100 ms" in out
+
+
+def test_bench_steady_shows_a_tpot_still_climbing_when_the_arrivals_stopped(tmp_path):
+    from bullet_trt.tools.bench.results import write_result
+    from bullet_trt.tools.bench.steady_state import median_by_window
+    # every request meets the SLO, but the later it arrived the slower its tokens came: a
+    # decode batch that was still growing
+    n = 30
+    w = ds.build_workload("sharegpt", 1.0, n, seed=0, prompts=False)
+    records = []
+    for i in range(n):
+        gap = 0.01 * (1 + i // 10)  # 10, 20, 30 ms between tokens in the three thirds
+        r = rec(i, float(i), [i + 0.25 + gap * k for k in range(11)])
+        r.scheduled_s = float(i)
+        records.append(r)
+    doc = write_result(tmp_path, label="climbing", dataset="sharegpt", rate=1.0, seed=0, backend="test",
+                       records=records, workload=w, ttft_slo_ms=1000.0, tpot_slo_ms=50.0)[1]
+    assert doc["summary"]["slo_attainment"] == 1.0
+    assert median_by_window(doc, "tpot_s", 3) == pytest.approx([0.01, 0.02, 0.03])
+    assert median_by_window(doc, "ttft_s", 3) == pytest.approx([0.25, 0.25, 0.25])
+    # a part whose requests all failed has no median
+    for r in doc["requests"][20:]:
+        r["finished"] = False
+    assert median_by_window(doc, "tpot_s", 3)[2] is None
 
 
 def test_a_rate_whose_last_third_misses_is_not_sustained_however_good_the_whole_run(tmp_path):

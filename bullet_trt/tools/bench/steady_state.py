@@ -18,11 +18,13 @@ figures here tell such a run apart from one in steady state:
     bullet-trt bench steady RUN.json[.gz] ... [--windows 6]
 
 prints each run's attainment per window of its arrivals (sixths: 20 s of a 120 s run), over
-its first half and whole, and its last third's figures.
+its first half and whole, its last third's figures, and the TTFT and TPOT medians per window
+(a TPOT that still climbs in the last windows: the decode batch had not settled).
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from dataclasses import dataclass
 
@@ -72,16 +74,34 @@ def steady_state(doc: dict, ttft_slo_s: float, tpot_slo_s: float) -> SteadyState
         offered_tok_s=offered / span if span > 0 else 0.0)
 
 
-def attainment_by_window(doc: dict, ttft_slo_s: float, tpot_slo_s: float, windows: int) -> list[float | None]:
-    """SLO attainment of the requests scheduled in each of `windows` equal parts of the arrival
-    window (None for a part no request arrived in)."""
+def _arrival_parts(doc: dict, windows: int) -> list[list[dict]]:
+    """The run's requests by the one of `windows` equal parts of the arrival window they were
+    scheduled in."""
     reqs = doc.get("requests") or []
     end = max((r.get("scheduled_s") or 0.0 for r in reqs), default=0.0)
     parts: list[list[dict]] = [[] for _ in range(windows)]
     for r in reqs:
         at = r.get("scheduled_s") or 0.0
         parts[min(windows - 1, int(at / end * windows)) if end > 0 else 0].append(r)
-    return [_attainment(part, ttft_slo_s, tpot_slo_s) if part else None for part in parts]
+    return parts
+
+
+def attainment_by_window(doc: dict, ttft_slo_s: float, tpot_slo_s: float, windows: int) -> list[float | None]:
+    """SLO attainment of the requests scheduled in each of `windows` equal parts of the arrival
+    window (None for a part no request arrived in)."""
+    return [_attainment(part, ttft_slo_s, tpot_slo_s) if part else None for part in _arrival_parts(doc, windows)]
+
+
+def median_by_window(doc: dict, key: str, windows: int) -> list[float | None]:
+    """The median of `key` (ttft_s, tpot_s) over the finished requests scheduled in each part of
+    the arrival window (None where none has it). A TPOT median still rising in the last parts
+    says the decode batch had not settled when the arrivals stopped: the rate is at or past
+    what the server carries, however well the run scored."""
+    out: list[float | None] = []
+    for part in _arrival_parts(doc, windows):
+        values = [r[key] for r in part if r.get("finished") and r.get(key) is not None]
+        out.append(statistics.median(values) if values else None)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,10 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         halves = attainment_by_window(doc, *slo, 2)
         tail = steady_state(doc, *slo)
         shown = " ".join("-" if a is None else f"{a * 100:.0f}" for a in parts)
+
+        def medians_ms(key: str) -> str:
+            return " ".join("-" if m is None else f"{m * 1e3:.0f}" for m in median_by_window(doc, key, args.windows))
         print(f"{doc['label']} {doc['dataset']} {doc['rate']:g} req/s seed {doc.get('seed', 0)}: "
               f"attainment in {args.windows} parts of the arrivals {shown}; first half {halves[0] * 100:.1f}%, "
               f"whole {s['slo_attainment'] * 100:.1f}%; last third {tail.tail_attainment * 100:.1f}%, "
-              f"{tail.served_tok_s:.0f} of {tail.offered_tok_s:.0f} out tok/s served")
+              f"{tail.served_tok_s:.0f} of {tail.offered_tok_s:.0f} out tok/s served; "
+              f"TTFT p50 per part {medians_ms('ttft_s')} ms; TPOT p50 per part {medians_ms('tpot_s')} ms")
     return 0
 
 
