@@ -298,7 +298,7 @@ def test_chat_on_a_model_without_template_is_400(bare):
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_client_that_leaves_mid_stream_frees_its_kv_blocks(client, triton, endpoint):
-    total = triton.metric("bullet_kv_blocks_free") + triton.metric("bullet_kv_blocks_used")
+    total = triton.kv_blocks_total()
     aborts = triton.metric("bullet_requests_finished_total", reason="abort")
     # min_tokens (an extension vLLM has too) keeps the request from ending on its own first.
     args = dict(model=MODEL, max_tokens=HELD_TOKENS, temperature=0, stream=True,
@@ -356,7 +356,7 @@ def test_engine_death_is_429_then_503(engine_dir, tmp_path):
     front = None
     try:
         front = _start_front(srv, engine_dir, tmp_path, "front", None, None)
-        total = srv.metric("bullet_kv_blocks_free") + srv.metric("bullet_kv_blocks_used")
+        total = srv.kv_blocks_total()
         answers: list = []
 
         def long_request():

@@ -126,7 +126,7 @@ def still_streaming(streams: GrpcStreams, rid: str) -> bool:
 
 
 def test_refused_with_unavailable_while_the_queue_is_full(server):
-    total = server.metric("bullet_kv_blocks_free") + server.metric("bullet_kv_blocks_used")
+    total = server.kv_blocks_total()
     refused = server.metric("bullet_requests_refused_total")
     s = GrpcStreams(server.grpc_url)
     long = {"max_tokens": LONG, "min_tokens": LONG, "stream": True}
@@ -159,7 +159,7 @@ def test_refused_with_unavailable_while_the_queue_is_full(server):
 def test_twice_the_load_every_request_completes_or_is_refused(server):
     """Eight requests at once against room for four (two running, two waiting), each on a
     stream of its own that reports an error's status code."""
-    total = server.metric("bullet_kv_blocks_free") + server.metric("bullet_kv_blocks_used")
+    total = server.kv_blocks_total()
     refused_before = server.metric("bullet_requests_refused_total")
     n, tokens = 8, 200
     streams = [GrpcStreams(server.grpc_url, triton_grpc_error=True) for _ in range(n)]

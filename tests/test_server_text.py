@@ -103,7 +103,7 @@ def test_stop_string_across_tokens_is_cut_ends_the_request_and_frees_its_blocks(
     assert want.finish_reason == "stop" and want.text == full.text[:full.text.index(stop)]
     assert len(want.token_ids) < 200
 
-    total = server.metric("bullet_kv_blocks_free") + server.metric("bullet_kv_blocks_used")
+    total = server.kv_blocks_total()
     stops = server.metric("bullet_requests_finished_total", reason="stop")
     fields = {"text_input": prompt, "max_tokens": 200, "stop_words": [stop], "return_num_output_tokens": True}
     if stream:

@@ -110,10 +110,11 @@ class TritonServer:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
             return r.read().decode()
 
-    def metric(self, name: str, **labels) -> float:
-        """Sum of the samples of `name` whose labels include `labels`."""
+    def metric(self, name: str, scraped: str | None = None, **labels) -> float:
+        """Sum of the samples of `name` whose labels include `labels`, in `scraped` (the text of
+        one scrape) or a new scrape."""
         total, found = 0.0, False
-        for line in self.metrics_text().splitlines():
+        for line in (scraped if scraped is not None else self.metrics_text()).splitlines():
             m = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$", line)
             if not m or m.group(1) != name:
                 continue
@@ -124,6 +125,22 @@ class TritonServer:
         if not found:
             raise KeyError(f"metric {name}{labels or ''} not exposed")
         return total
+
+    def kv_blocks_total(self, timeout: float = 30.0) -> float:
+        """The KV pool's size, as free + used blocks. Two scrapes, one per gauge, can straddle a
+        stats update (a finished request's blocks freed between them) and add up to a total the
+        pool never shows again; even one scrape can fall between the backend setting the two
+        gauges. So both come from one scrape, and two scrapes in a row must agree."""
+        previous, deadline = None, time.monotonic() + timeout
+        while True:
+            scraped = self.metrics_text()
+            total = self.metric("bullet_kv_blocks_free", scraped) + self.metric("bullet_kv_blocks_used", scraped)
+            if total == previous:
+                return total
+            if time.monotonic() > deadline:
+                raise AssertionError(f"free + used KV blocks did not settle in {timeout:.0f} s")
+            previous = total
+            time.sleep(0.05)
 
     def stop(self) -> None:
         stop_server(self.proc)
