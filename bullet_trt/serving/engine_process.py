@@ -454,9 +454,11 @@ class EngineClient(AsyncEngine):
     def _handle(self, msg) -> None:
         match msg:
             case StepOutputs(outputs=outputs, stats=stats):
+                # Stats first: a client that has its final response and then reads the
+                # metrics finds its request's blocks already counted free.
+                self._set_stats(stats)
                 for out in outputs:
                     self._dispatch(out)
-                self._set_stats(stats)
             case StatsUpdate(stats=stats):
                 self._set_stats(stats)
             case EngineFailed(trace=trace):
