@@ -58,12 +58,11 @@ serve() {  # serve LABEL TIMEOUT ARGS...
 }
 pack() { [ -d "$OUT/serve" ] && tar czf "$OUT/serve_$stage.tar.gz" -C "$OUT" serve && rm -rf "$OUT/serve"; }
 repeated() {  # repeated LABEL: $MODE at ascending $RATE, ${REPEATS:-3} seeds x 120 s, decided early
-  local graphs="" sets="" set_tag="" kv key
+  local graphs="" sets="" set_tag="" kv
   [ "${MODE:?}" = chunked ] && graphs=$PW
-  for kv in ${SETS:-}; do  # each override names itself in the label: serve.tpot_plan_fraction=1.0 -> tpot_plan_fraction1.0
+  for kv in ${SETS:-}; do  # each override names itself in the label (bench serve slugs it for file names)
     sets="$sets --set $kv"
-    key=${kv%%=*}
-    set_tag="$set_tag-$(echo "${key##*.}${kv#*=}" | tr -c 'A-Za-z0-9_.\n' '-')"
+    set_tag="$set_tag-${kv#*.}"  # serve.tpot_plan_fraction=1.0 -> -tpot_plan_fraction=1.0
   done
   serve "$1-${CHUNK:-2048}$SLO_TAG$set_tag" "${LIMIT:-590}" --modes "$MODE" --rates "${RATE:?}" $G $graphs $sets \
     --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
