@@ -4,6 +4,7 @@ seed), named so that runs of several configurations share one directory and one 
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import lzma
 import os
@@ -68,7 +69,7 @@ def load_result(path: str | Path) -> dict:
     try:
         with open_kept(path) as f:
             doc = json.loads(f.read())
-    except (EOFError, ValueError, lzma.LZMAError) as e:  # truncated, not compressed as named, or not JSON
+    except (EOFError, ValueError, lzma.LZMAError, gzip.BadGzipFile) as e:  # truncated, not compressed as named, or not JSON
         raise ValueError(f"{path}: not a benchmark result ({e})") from None
     if not (isinstance(doc, dict) and doc.get("kind") == RESULT_KIND):
         raise ValueError(f"{path}: not a benchmark result (kind {RESULT_KIND!r} expected)")
