@@ -17,7 +17,8 @@
 #            arrivals: the repeated protocol. With --stop-when-decided a rate that cannot reach
 #            90% stops its run and skips its other seeds and the higher rates, so a failing rate
 #            costs about one minute instead of three runs and their drains (runs of 2026-11-25
-#            before it: one (mode, rate) per device call)
+#            before it: one (mode, rate) per device call). DURATION=60 REPEATS=1 makes it a quick
+#            one-seed sweep that finds where a mode's edge lies before the protocol confirms it
 #   moe      the protocol of `protocol` on the dummy-weight Qwen3-30B-A3B (built first where
 #            $GPU_RUN_DIR/engines/qwen3-30b-a3b lacks it; weights are made on the GPU at start):
 #            $MODE at $RATE, three seeds x 120 s, --stop-when-decided; one H200 (61 GB of weights)
@@ -65,7 +66,7 @@ repeated() {  # repeated LABEL: $MODE at ascending $RATE, ${REPEATS:-3} seeds x 
     set_tag="$set_tag-${kv#*.}"  # serve.tpot_plan_fraction=1.0 -> -tpot_plan_fraction=1.0
   done
   serve "$1-${CHUNK:-2048}$SLO_TAG$set_tag" "${LIMIT:-590}" --modes "$MODE" --rates "${RATE:?}" $G $graphs $sets \
-    --duration 120 --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
+    --duration "${DURATION:-120}" --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
   pack
 }
 [ "$stage" = calib ] || bash scripts/stored_calibrations.sh "$ENGINE"  # calib measures this GPU, which a stored file stops (run it first)
