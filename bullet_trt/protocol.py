@@ -188,6 +188,8 @@ class WorkerReady:
     pid: int
     partitions: dict
     fused_groups: int
+    # token bucket -> on how many partitions (streams) its prefill pieces are ready
+    piecewise: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass

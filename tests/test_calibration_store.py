@@ -79,3 +79,20 @@ def test_the_calibration_process_says_it_needs_a_gpu(tmp_path):
     done = subprocess.run([sys.executable, "-m", "bullet_trt.spatial.calibrate", str(tmp_path)],
                           capture_output=True, text=True, env={"CUDA_VISIBLE_DEVICES": "", "PATH": ""})
     assert done.returncode != 0 and "needs a CUDA GPU" in done.stderr
+
+
+def test_a_calibration_names_how_its_prefill_ran_when_the_prefill_worker_runs_otherwise(tmp_path):
+    eager = calibration_file(tmp_path, H200)
+    shutil.copy(H200_CALIBRATION, eager)  # measured before calibrations recorded it: eager
+    _, same = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[])
+    _, graphed = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[128, 256, 2048])
+    assert same == f"calibrated on {H200} ({eager.name})"
+    assert "ran eagerly" in graphed and "through graphs up to 2048 tokens" in graphed
+    assert f"delete {eager.name}" in graphed
+    data = yaml.safe_load(eager.read_text())
+    data["calibration"]["prefill_graph_tokens"] = [128, 256, 2048]
+    eager.write_text(yaml.safe_dump(data))
+    _, now_same = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[128, 256, 2048])
+    _, now_eager = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[])
+    assert now_same == same
+    assert "ran through graphs up to 2048 tokens" in now_eager and "runs them eagerly" in now_eager

@@ -1,7 +1,8 @@
 """Piecewise graphs for steps with prompt tokens (engine/piecewise_graphs.py), checked on CPU
 without graphs: the pieces over their padded static buffers give the hidden states and KV
 cache of the plain forward, for dense and MoE layers, and a chunked engine using them
-generates the tokens it generates without them. Captured graphs: tests/gpu/test_piecewise_graphs_gpu.py."""
+generates the tokens it generates without them, as does Bullet's prefill worker. Captured
+graphs: tests/gpu/test_piecewise_graphs_gpu.py."""
 from __future__ import annotations
 
 import pytest
@@ -78,9 +79,20 @@ def test_a_chunked_engine_with_piecewise_pieces_generates_the_same_tokens(engine
     assert stats.kv_blocks_free == stats.kv_blocks_total
 
 
-def test_the_bullet_prefill_worker_runs_eagerly_whatever_the_prefill_profile_says(engine):
-    from bullet_trt.spatial.session_worker import worker_profiles
-
-    cfg = load_engine_config(engine, {"prefill.piecewise_graph_tokens": "[16, 32]"})
-    assert worker_profiles(cfg)["prefill"].piecewise_graph_tokens == []
-    assert cfg.prefill.piecewise_graph_tokens == [16, 32]
+def test_the_bullet_prefill_worker_runs_its_prompts_through_the_pieces(engine):
+    """The bullet prefill worker, a process of its own, builds the pieces at start (each
+    partition's on a GPU; the CPU has one) and generates what it generates eagerly."""
+    batch = prompts(6, seed=13)
+    bullet = {"serve.mode": "bullet"}
+    with LLM(str(engine), **bullet) as llm:
+        eager = [c.token_ids for c in llm.generate_token_ids(batch, GREEDY)]
+        assert llm.engine.prefill.piecewise == {}
+    # six prompts of under 60 tokens: 384 holds any prefill batch of them, so every prompt
+    # went through the pieces
+    with LLM(str(engine), **bullet, **{"prefill.piecewise_graph_tokens": "[16, 384]"}) as llm:
+        pieced = [c.token_ids for c in llm.generate_token_ids(batch, GREEDY)]
+        ready = (llm.engine.prefill.piecewise, llm.engine.decode.piecewise)
+        stats = llm.engine.stats()
+    assert ready == ({16: 1, 384: 1}, {})  # the decode worker's steps are its own graphs
+    assert pieced == eager
+    assert stats.kv_blocks_free == stats.kv_blocks_total

@@ -106,7 +106,8 @@ def measurement_setup(engine_dir: str | Path, sm_counts, overrides: dict | None 
     cfg = load_engine_config(engine_dir, overrides)
     state, model = build_shared_state(cfg, share=False)
     state.kv_pool.normal_()
-    # prefill as the prefill worker runs it (eager), decode from the decode profile's graphs
+    # prefill as the prefill worker runs it (eager, or its piecewise graphs), decode from the
+    # decode profile's graphs
     profile = dataclasses.replace(worker_profiles(cfg)["prefill"], cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes)
     session = TorchSession(model, state.kv_pool, state.block_size, profile)
     part = make_partitioner("green", state.kv_pool.device)
@@ -136,6 +137,7 @@ def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (3
     cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size())
     model_fit = fit(cost, total, train)
     report = {"gpu": gpu, "total_sms": total, "points": len(points),
+              "prefill_graph_tokens": list(session.piecewise.buckets) if session.piecewise else [],
               "train_median_abs_pct_error": round(median_abs_pct_error(model_fit, train), 2),
               "held_out_median_abs_pct_error": round(median_abs_pct_error(model_fit, held_out), 2)}
     model_fit.save(calibration_file(engine_dir, gpu), extra={"calibration": report})

@@ -55,14 +55,35 @@ def find_calibration(engine_dir: str | Path, gpu_name: str, total_sms: int) -> C
     return Calibration(plain, f"calibration {plain.name}" + (f" ({measured_on})" if measured_on else ""))
 
 
+def measured_prefill_graphs(path: str | Path) -> list[int]:
+    """The token buckets of the piecewise graphs the calibration's prefill steps replayed
+    ([]: eager, as every calibration made before it recorded them was)."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    return list((data.get("calibration") or {}).get("prefill_graph_tokens") or [])
+
+
+def _how(graph_tokens: list[int]) -> str:
+    return f"through graphs up to {graph_tokens[-1]} tokens" if graph_tokens else "eagerly"
+
+
 def load_perf_model(engine_dir: str | Path, cost: ModelCost, gpu_name: str | None,
-                    total_sms: int) -> tuple[PerfModel, str]:
+                    total_sms: int, prefill_graph_tokens: list[int] | None = None) -> tuple[PerfModel, str]:
     """The performance model for this device (gpu_name None: the CPU) and a line saying
     where it came from. Without a fitting calibration, uncalibrated defaults that the online
-    correction then pulls toward measured times."""
+    correction then pulls toward measured times. `prefill_graph_tokens`: the prefill worker's
+    graph buckets, where a prefill worker runs; a calibration measured otherwise is still
+    taken, but the line says so: an eager prefill can be bound by the host launching kernels
+    (a mixture-of-experts model's on an H200: ~80 ms whatever its size, docs/moe.md), a graphed
+    one need not."""
     if gpu_name is None:
         return PerfModel.default(cost, total_sms, on_gpu=False), "CPU: uncalibrated defaults"
     found = find_calibration(engine_dir, gpu_name, total_sms)
     if found.path is None:
         return PerfModel.default(cost, total_sms, on_gpu=True), f"{found.note}: uncalibrated defaults"
-    return PerfModel.load(found.path, cost), found.note
+    note = found.note
+    measured = measured_prefill_graphs(found.path)
+    if prefill_graph_tokens is not None and measured != list(prefill_graph_tokens):
+        note += (f"; its prefill steps ran {_how(measured)}, this server's prefill worker runs them "
+                 f"{_how(list(prefill_graph_tokens))}, so its prefill figures are off until the online "
+                 f"correction has caught up (delete {found.path.name} to measure again at start)")
+    return PerfModel.load(found.path, cost), note

@@ -113,6 +113,11 @@ class SpatialEngine:
                           tp=(rendezvous[role], 0) if ranks is not None else None,
                           gpu_clock=bool(s.iteration_log))
             for role, profile in worker_profiles(cfg).items())
+        if self.prefill.piecewise:
+            buckets = list(self.prefill.piecewise)
+            print(f"bullet_trt: prefill worker: piecewise graphs at {len(buckets)} token buckets "
+                  f"({buckets[0]}..{buckets[-1]}) on {max(self.prefill.piecewise.values())} partitions",
+                  file=sys.stderr, flush=True)
         if ranks is not None:
             ranks.pool_ready(self.state.num_blocks)
         self.static_split = SmSplit(self.total_sms, static_split)
@@ -154,7 +159,8 @@ class SpatialEngine:
         cost = ModelCost.from_arch(arch, self.state.kv_pool.element_size()).per_rank(
             shard.size, shard.kv_heads(arch)[1], arch.num_kv_heads)
         gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-        perf, note = load_perf_model(self.cfg.engine_dir, cost, gpu_name, self.total_sms)
+        perf, note = load_perf_model(self.cfg.engine_dir, cost, gpu_name, self.total_sms,
+                                     worker_profiles(self.cfg)["prefill"].piecewise_graph_tokens)
         print(f"bullet_trt: performance model: {note}", file=sys.stderr, flush=True)
         return perf
 

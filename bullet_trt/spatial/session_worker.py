@@ -19,7 +19,6 @@ takes to the others (rank_mirror.py), so that all of them run every step togethe
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import queue
 import time
@@ -42,10 +41,13 @@ from bullet_trt.spatial.step_clock import GpuStepClock
 
 
 def worker_profiles(cfg) -> dict:
-    """Each role's profile. The prefill worker runs its steps eagerly: it moves between SM
-    partitions from step to step, each with a stream of its own, and piecewise graphs per
-    partition would multiply (layers + 1 graphs per token bucket per partition)."""
-    return {"prefill": dataclasses.replace(cfg.prefill, piecewise_graph_tokens=[]), "decode": cfg.decode}
+    """Each role's profile. The prefill worker replays piecewise graphs where
+    `prefill.piecewise_graph_tokens` names buckets (sizing leaves it empty in bullet mode, so
+    by default it runs eagerly): it moves between SM partitions from step to step, each with a
+    stream of its own, so it captures layers + 1 graphs per token bucket on every partition
+    at start. That pays where an eager prefill is bound by the host launching kernels, as a
+    mixture-of-experts layer's many kernels are (docs/moe.md)."""
+    return {"prefill": cfg.prefill, "decode": cfg.decode}
 
 
 class WorkerDied(RuntimeError):
@@ -80,7 +82,8 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
         _capture_graphs(session, part, name, splits, set_num_sms)
         clock = _start_clock(device, part, splits) if setup.gpu_clock and device.type == "cuda" else None
         freeze_startup_objects()
-        outbox.put(WorkerReady(name, os.getpid(), part.describe(), session.model.fused_groups))
+        outbox.put(WorkerReady(name, os.getpid(), part.describe(), session.model.fused_groups,
+                               _piecewise_ready(session)))
     except Exception:
         outbox.put(WorkerFatal(name, traceback.format_exc()))
         return
@@ -221,9 +224,10 @@ def _start_clock(device, part, splits: list[int]) -> GpuStepClock:
 
 
 def _capture_graphs(session, part, role: str, splits: list[int], set_num_sms) -> None:
-    """Every decode graph the worker may replay (each partition it can be given and the whole
-    GPU, every batch bucket), captured before serving rather than at first use."""
-    if getattr(session, "graphs", None) is None:
+    """Every graph the worker may replay (each partition it can be given and the whole GPU,
+    every decode batch bucket or prefill token bucket), captured before serving rather than
+    at first use, where a capture would stall a step."""
+    if getattr(session, "graphs", None) is None and getattr(session, "piecewise", None) is None:
         return
     for prefill, stream in _step_streams(part, splits):
         if set_num_sms is not None:
@@ -232,6 +236,15 @@ def _capture_graphs(session, part, role: str, splits: list[int], set_num_sms) ->
             session.capture_graphs()
         if stream is not None:
             stream.synchronize()
+
+
+def _piecewise_ready(session) -> dict[int, int]:
+    """Token bucket -> on how many partitions its prefill pieces were built at start."""
+    pieces = getattr(session, "piecewise", None)
+    if pieces is None:
+        return {}
+    keys = list(pieces.pieces)
+    return {b: sum(1 for _, kb in keys if kb == b) for b in sorted({b for _, b in keys})}
 
 
 def _kernel_sm_hook(device):
@@ -272,6 +285,7 @@ class SessionWorker:
         # Projection groups the attached weights let it run as one GEMM (2 per layer when the
         # shared layout survived the trip into this process).
         self.fused_groups = ready.fused_groups
+        self.piecewise = ready.piecewise
 
     def _receive(self, timeout_s: float | None = None):
         waited = 0.0

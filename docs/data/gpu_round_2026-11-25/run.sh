@@ -20,8 +20,10 @@
 #            before it: one (mode, rate) per device call). DURATION=60 REPEATS=1 makes it a quick
 #            one-seed sweep that finds where a mode's edge lies before the protocol confirms it
 #   moe      the protocol of `protocol` on the dummy-weight Qwen3-30B-A3B (built first where
-#            $GPU_RUN_DIR/engines/qwen3-30b-a3b lacks it; weights are made on the GPU at start):
-#            $MODE at $RATE, three seeds x 120 s, --stop-when-decided; one H200 (61 GB of weights)
+#            ${MOE_ENGINE:-$GPU_RUN_DIR/engines/qwen3-30b-a3b} lacks it; weights are made on the
+#            GPU at start): $MODE at $RATE, three seeds x 120 s, --stop-when-decided; one H200
+#            (61 GB of weights). A server calibrates at its first start on an engine directory:
+#            a run whose $SETS change how steps run (prefill graphs) takes a MOE_ENGINE of its own
 #   overlap  bullet at $RATE with the iteration log (GPU-clock stamps), prefill starting at once
 #            and waiting for decode's move (serve.prefill_waits_for_split), then `bench overlap`;
 #            its two runs need ~9 minutes, so run it where an earlier stage built the engine
