@@ -1,5 +1,6 @@
 """Piecewise CUDA graphs on a GPU (engine/piecewise_graphs.py): the graphs are captured at the
-engine's start, replayed for chunked mode's mixed steps, and give the tokens the eager steps
+engine's start (by Bullet's prefill worker on each of its partitions), replayed for chunked
+mode's mixed steps and the prefill worker's steps, and give the tokens the eager steps
 give (float32) and hidden states within bfloat16's rounding of the eager forward. Their speed:
 `bullet-trt bench mixed-step`."""
 from __future__ import annotations
@@ -37,6 +38,22 @@ def test_chunked_mode_replays_the_graphs_and_generates_the_eager_tokens(tmp_path
         assert all(isinstance(p, torch.cuda.CUDAGraph) for pieces in graphs.pieces.values() for p in pieces)
         graphed = [c.token_ids for c in llm.generate_token_ids(batch, GREEDY)]
     assert graphed == eager
+
+
+def test_the_bullet_prefill_worker_captures_every_partition_and_generates_the_eager_tokens(tmp_path):
+    e = engine(tmp_path, "llama", "float32")
+    batch = prompts(6, seed=11)
+    bullet = {"device": "cuda", "serve.mode": "bullet"}
+    with LLM(str(e), **bullet) as llm:
+        eager = [c.token_ids for c in llm.generate_token_ids(batch, GREEDY)]
+    with LLM(str(e), **bullet, **{"prefill.piecewise_graph_tokens": "[16, 64, 256]"}) as llm:
+        partitions = len(llm.engine.splits) + 1  # every split's prefill partition, and the whole GPU
+        ready = llm.engine.prefill.piecewise
+        graphed = [c.token_ids for c in llm.generate_token_ids(batch, GREEDY)]
+        stats = llm.engine.stats()
+    assert partitions > 2 and ready == {16: partitions, 64: partitions, 256: partitions}
+    assert graphed == eager
+    assert stats.kv_blocks_free == stats.kv_blocks_total
 
 
 def test_graphed_hidden_states_match_the_eager_forward_in_bfloat16(tmp_path):
