@@ -765,3 +765,14 @@ def test_gpu_telemetry_reads_the_gpu_cuda_numbers_not_nvmls_first():
     assert nvml_device(2, visible="") == 2
     with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
         nvml_device(1, visible="0")
+
+
+def test_the_goodput_plot_leaves_out_runs_stopped_before_their_end():
+    from bullet_trt.tools.bench.report_plots import per_rate
+    runs = [{"rate": 24.0, "stopped_early": None}, {"rate": 28.0, "stopped_early": None},
+            {"rate": 32.0, "stopped_early": "decided: 193 of 1929 requests missed the SLO"}]
+    scored = [{"slo_attainment": 1.0, "goodput": 15.5}, {"slo_attainment": 0.999, "goodput": 17.8},
+              {"slo_attainment": 0.686, "goodput": 24.0}]
+    rates, attainment = per_rate(runs, scored, "slo_attainment", 100.0)
+    assert rates == [24.0, 28.0, 32.0] and attainment == [[100.0], [pytest.approx(99.9)], [pytest.approx(68.6)]]
+    assert per_rate(runs, scored, "goodput") == ([24.0, 28.0], [[15.5], [17.8]])
