@@ -23,6 +23,7 @@ import os
 import queue
 import time
 import traceback
+from collections import Counter
 
 import torch
 import torch.multiprocessing as mp
@@ -243,8 +244,7 @@ def _piecewise_ready(session) -> dict[int, int]:
     pieces = getattr(session, "piecewise", None)
     if pieces is None:
         return {}
-    keys = list(pieces.pieces)
-    return {b: sum(1 for _, kb in keys if kb == b) for b in sorted({b for _, b in keys})}
+    return dict(sorted(Counter(bucket for _, bucket in pieces.pieces).items()))
 
 
 def _kernel_sm_hook(device):
