@@ -51,17 +51,30 @@ def time_ms(fn, stream, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def profile_items(lengths: list[int], decode: bool, block_size: int) -> list[BatchItem]:
+def profile_tokens(count: int, vocab_size: int, seed: int) -> list[int]:
+    """Token ids drawn at random, the same for the same seed. Not one id repeated: a prompt of
+    one token throughout has the same hidden state at every position, so a mixture-of-experts
+    layer routes all of it to the same k experts, a step no real prompt makes (the MoE
+    calibration of 2026-11-25 timed such steps)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (count,), generator=gen).tolist()
+
+
+def profile_items(lengths: list[int], decode: bool, block_size: int, vocab_size: int) -> list[BatchItem]:
+    """One sequence per length on blocks of its own: a prompt of that many tokens (`decode`
+    false), or one token after that many cached ones (true)."""
     items, next_block = [], 0
     params = SamplingParams(temperature=0.0, max_tokens=1)
+    tokens = profile_tokens(len(lengths) if decode else sum(lengths), vocab_size, seed=0)
     for n in lengths:
         blocks = -(-n // block_size)
         table = list(range(next_block, next_block + blocks))
         next_block += blocks
         if decode:
-            items.append(BatchItem("d", [7], n - 1, table, params, True, output_index=1))
+            items.append(BatchItem("d", [tokens.pop()], n - 1, table, params, True, output_index=1))
         else:
-            items.append(BatchItem("p", [7] * n, 0, table, params, True))
+            prompt, tokens = tokens[:n], tokens[n:]
+            items.append(BatchItem("p", prompt, 0, table, params, True))
     return items
 
 
@@ -70,7 +83,7 @@ def measure(session: TorchSession, streams: dict[int, torch.cuda.Stream], block_
     prefills = [t for t in PREFILL_TOKENS if t <= max_len and -(-t // block_size) <= pool_blocks]
     decodes = [(b, c) for b, c in DECODE_SHAPES
                if b <= max_batch and c <= max_len and b * -(-c // block_size) <= pool_blocks]
-    points = []
+    points, vocab = [], session.model.arch.vocab_size
     set_num_sms = getattr(session.model.ops, "set_num_sms", None)
     bar = tqdm(total=len(streams) * (len(prefills) + len(decodes)), desc="calibrating", unit="step shape",
                file=sys.stderr, dynamic_ncols=True)
@@ -79,13 +92,13 @@ def measure(session: TorchSession, streams: dict[int, torch.cuda.Stream], block_
             set_num_sms(sms)
         bar.set_postfix_str(f"{sms} SMs")
         for tokens in prefills:
-            items = profile_items([tokens], False, block_size)
+            items = profile_items([tokens], False, block_size, vocab)
             ms = time_ms(lambda: session.run(items), stream)
             shape = PrefillShape.of([tokens])
             points.append(ProfilePoint("prefill", sms, ms, num_tokens=tokens, attn_pairs=shape.attn_pairs))
             bar.update()
         for batch, ctx in decodes:
-            items = profile_items([ctx] * batch, True, block_size)
+            items = profile_items([ctx] * batch, True, block_size, vocab)
             ms = time_ms(lambda: session.run(items), stream)
             points.append(ProfilePoint("decode", sms, ms, batch=batch, total_ctx=batch * ctx))
             bar.update()

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     arch, model = state.arch, session.model
     cost = ModelCost.from_arch(arch, state.kv_pool.element_size())
     bw = copy_gbs(stream)
-    items = profile_items([args.ctx] * args.batch, True, state.block_size)
+    items = profile_items([args.ctx] * args.batch, True, state.block_size, arch.vocab_size)
     roofline_ms = (cost.step_weight_bytes(args.batch) + cost.kv_bytes_per_token * args.batch * args.ctx) / bw / 1e6
     report: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "ctx": args.ctx,
                     "copy_GBps": round(bw, 1), "roofline_ms": round(roofline_ms, 3),

@@ -72,8 +72,8 @@ def run(setup, batch: int = 64, ctx: int = 1024, prefill_tokens: int = 4096) -> 
     cfg, state, session, streams = setup
     cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size())
     set_num_sms = getattr(ops_for(state.kv_pool.device), "set_num_sms", None)
-    decode_items = profile_items([ctx] * batch, True, state.block_size)
-    prefill_items = profile_items([prefill_tokens], False, state.block_size)
+    decode_items = profile_items([ctx] * batch, True, state.block_size, state.arch.vocab_size)
+    prefill_items = profile_items([prefill_tokens], False, state.block_size, state.arch.vocab_size)
     shape = PrefillShape.of([prefill_tokens])
     rows = []
     for sms, stream in sorted(streams.items()):
@@ -121,8 +121,8 @@ def compare_blas(setup, batch: int = 64, ctx: int = 1024, prefill_tokens: int = 
     from bullet_trt.kernels import triton_ops
 
     cfg, state, session, streams = setup
-    decode_items = profile_items([ctx] * batch, True, state.block_size)
-    prefill_items = profile_items([prefill_tokens], False, state.block_size)
+    decode_items = profile_items([ctx] * batch, True, state.block_size, state.arch.vocab_size)
+    prefill_items = profile_items([prefill_tokens], False, state.block_size, state.arch.vocab_size)
     settings = [s for s in BLAS_SETTINGS
                 if not s.endswith("sm_target") or hasattr(torch._C, "_set_sm_carveout_experimental")]
     before = torch.backends.cuda.preferred_blas_library()

@@ -1,7 +1,7 @@
 """`bullet-trt bench mixed-step`: chunked mode's mixed step, eager against piecewise CUDA graphs.
 
     bullet-trt bench mixed-step --engine-dir engines/llama-3.1-8b [--chunks 512,1024,2048]
-        [--decode-rows 0,64,256,512] [--ctx 512] [--json out.json]
+        [--decode-rows 0,64,256,512] [--ctx 512] [--repeated-tokens] [--profile] [--json out.json]
 
 A mixed step is what chunked prefill runs while prompts wait: a chunk of one prompt's tokens
 and one token for each decoding sequence, in one forward. Timed on the whole GPU with CUDA
@@ -9,12 +9,20 @@ events (median of repeats, after a warm-up), as the chunked engine runs it: eage
 piecewise graphs (engine/piecewise_graphs.py) whose token bucket is the step's size. The
 decode rows attend to `ctx` cached tokens each; the chunk starts a fresh prompt. The ratio
 eager / graphed is what the graphs save chunked mode per step; the FLOP rate of the graphed
-step is against the GEMM rate measured in the same run.
+step is against the GEMM rate measured in the same run. With no decode rows the step is a
+prefill, as bullet's prefill worker runs it (eager unless it has pieces).
+
+Token ids are random (a mixture-of-experts model routes them as it would real text);
+--repeated-tokens also times each step with one id repeated, the steps the calibrations of
+2026-11-25 and earlier timed. --profile prints the GPU kernels of the first step, eager, by
+their total time, and the step's GPU busy time against its wall time: a step whose kernels
+fill a small share of its wall time is bound by the host issuing them.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import torch
 
@@ -23,24 +31,47 @@ from bullet_trt.engine.piecewise_graphs import PiecewiseGraphs
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.session import BatchItem, TorchSession
 from bullet_trt.engine.shared_state import build_shared_state
-from bullet_trt.spatial.calibrate import time_ms
+from bullet_trt.spatial.calibrate import profile_tokens, time_ms
 from bullet_trt.spatial.perf_model import ModelCost
 from bullet_trt.tools.bench.kernel_bench import gemm_tflops
 from bullet_trt.tools.bench.json_output import write_json
 
 
-def mixed_items(chunk: int, decode_rows: int, ctx: int, block_size: int) -> list[BatchItem]:
+def mixed_items(chunk: int, decode_rows: int, ctx: int, block_size: int, vocab_size: int,
+                repeated: bool = False) -> list[BatchItem]:
     """A chunk of a new prompt, then decode_rows sequences of ctx cached tokens, each on its own
     blocks (the cache holds random data: attention reads it all the same)."""
     params = SamplingParams(temperature=0.0, max_tokens=1)
     blocks = -(-(ctx + 1) // block_size)
     chunk_blocks = -(-chunk // block_size)
-    items = [BatchItem("chunk", [7] * chunk, 0, list(range(chunk_blocks)), params, True)] if chunk else []
+    tokens = [7] * (chunk + decode_rows) if repeated else profile_tokens(chunk + decode_rows, vocab_size, seed=0)
+    items = [BatchItem("chunk", tokens[:chunk], 0, list(range(chunk_blocks)), params, True)] if chunk else []
     for r in range(decode_rows):
         first = chunk_blocks + r * blocks
-        items.append(BatchItem(f"d{r}", [7], ctx, list(range(first, first + blocks)), params, True,
-                               output_index=1))
+        items.append(BatchItem(f"d{r}", [tokens[chunk + r]], ctx, list(range(first, first + blocks)), params,
+                               True, output_index=1))
     return items
+
+
+def kernel_profile(run, stream, top: int = 15) -> dict:
+    """The GPU kernels of one call of `run` by total time, and its wall time (torch.profiler)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.cuda.stream(stream):
+        run()  # warm
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            run()
+            torch.cuda.synchronize()
+            wall_ms = (time.perf_counter() - start) * 1e3
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    kernels.sort(key=lambda e: -e.self_device_time_total)
+    busy_ms = sum(e.self_device_time_total for e in kernels) / 1e3
+    return {"wall_ms": round(wall_ms, 2), "kernel_ms": round(busy_ms, 2),
+            "kernels": [{"name": e.key[:90], "calls": e.count, "ms": round(e.self_device_time_total / 1e3, 3)}
+                        for e in kernels[:top]]}
 
 
 def step_flops(cost: ModelCost, chunk: int, decode_rows: int, ctx: int) -> float:
@@ -49,7 +80,8 @@ def step_flops(cost: ModelCost, chunk: int, decode_rows: int, ctx: int) -> float
     return cost.flops_per_token * (chunk + decode_rows) + cost.attn_flops_per_pair * pairs
 
 
-def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int) -> dict:
+def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int, repeated: bool = False,
+            profile_first: bool = False) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("bullet-trt bench mixed-step needs a CUDA GPU")
     steps = [(c, d) for c in chunks for d in decode_rows if c + d > 0]
@@ -57,7 +89,8 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
     cfg = load_engine_config(engine_dir, {"device": "cuda"})
     state, model = build_shared_state(cfg, share=False)
     state.kv_pool.normal_()
-    need = max(max(b for it in mixed_items(c, d, ctx, state.block_size) for b in it.block_table) + 1
+    vocab = state.arch.vocab_size
+    need = max(max(b for it in mixed_items(c, d, ctx, state.block_size, vocab) for b in it.block_table) + 1
                for c, d in steps)
     if need > state.num_blocks:
         raise SystemExit(f"the largest step needs {need} KV blocks, the pool has {state.num_blocks}: "
@@ -70,19 +103,33 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
         graphs.capture_all()
     cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size())
     rate = gemm_tflops(stream)
-    rows = []
+    rows, profiled = [], None
     for chunk, decode in steps:
-        items = mixed_items(chunk, decode, ctx, state.block_size)
+        items = mixed_items(chunk, decode, ctx, state.block_size, vocab)
         session.piecewise = None
         eager = time_ms(lambda: session.run(items), stream, repeats=10)
+        if profile_first and profiled is None:
+            profiled = {"chunk": chunk, "decode_rows": decode,
+                        **kernel_profile(lambda: session.run(items), stream)}
+            print(json.dumps(profiled), flush=True)
         session.piecewise = graphs
         graphed = time_ms(lambda: session.run(items), stream, repeats=10)
         tflops = step_flops(cost, chunk, decode, ctx) / graphed / 1e9
-        rows.append({"chunk": chunk, "decode_rows": decode, "eager_ms": round(eager, 3),
-                     "graphed_ms": round(graphed, 3), "eager_over_graphed": round(eager / graphed, 3),
-                     "graphed_TFLOPs": round(tflops, 1), "of_gemm_rate": round(tflops / rate, 3)})
-        print(json.dumps(rows[-1]), flush=True)
-    return {"gpu": torch.cuda.get_device_name(), "ctx": ctx, "gemm_TFLOPs": round(rate, 1), "steps": rows}
+        row = {"chunk": chunk, "decode_rows": decode, "eager_ms": round(eager, 3),
+               "graphed_ms": round(graphed, 3), "eager_over_graphed": round(eager / graphed, 3),
+               "graphed_TFLOPs": round(tflops, 1), "of_gemm_rate": round(tflops / rate, 3)}
+        if repeated:
+            same = mixed_items(chunk, decode, ctx, state.block_size, vocab, repeated=True)
+            session.piecewise = None
+            row["eager_repeated_ms"] = round(time_ms(lambda: session.run(same), stream, repeats=10), 3)
+            session.piecewise = graphs
+            row["graphed_repeated_ms"] = round(time_ms(lambda: session.run(same), stream, repeats=10), 3)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    result = {"gpu": torch.cuda.get_device_name(), "ctx": ctx, "gemm_TFLOPs": round(rate, 1), "steps": rows}
+    if profiled:
+        result["eager_profile"] = profiled
+    return result
 
 
 def markdown(result: dict) -> str:
@@ -93,6 +140,16 @@ def markdown(result: dict) -> str:
     for r in result["steps"]:
         lines.append(f"| {r['chunk']} | {r['decode_rows']} | {r['eager_ms']} | {r['graphed_ms']} | "
                      f"{r['eager_over_graphed']:.2f}x | {r['graphed_TFLOPs']} | {r['of_gemm_rate']:.0%} |")
+    if any("eager_repeated_ms" in r for r in result["steps"]):
+        lines += ["", "one token id repeated (the steps earlier calibrations timed):", "",
+                  "| chunk | decode rows | eager ms | piecewise graphs ms |", "|---|---|---|---|"]
+        lines += [f"| {r['chunk']} | {r['decode_rows']} | {r['eager_repeated_ms']} | {r['graphed_repeated_ms']} |"
+                  for r in result["steps"]]
+    if "eager_profile" in result:
+        p = result["eager_profile"]
+        lines += ["", f"eager step, chunk {p['chunk']} + {p['decode_rows']} decode rows: wall {p['wall_ms']} ms, "
+                  f"GPU kernels {p['kernel_ms']} ms", "", "| kernel | calls | ms |", "|---|---|---|"]
+        lines += [f"| {k['name']} | {k['calls']} | {k['ms']} |" for k in p["kernels"]]
     return "\n".join(lines)
 
 
@@ -103,10 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", default="512,1024,2048", help="prompt tokens in the step")
     ap.add_argument("--decode-rows", default="0,64,256,512", help="decoding sequences in the step")
     ap.add_argument("--ctx", type=int, default=512, help="cached tokens of each decoding sequence")
+    ap.add_argument("--repeated-tokens", action="store_true",
+                    help="also time each step with one token id repeated")
+    ap.add_argument("--profile", action="store_true", help="the first step's kernels, eager (torch.profiler)")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args(argv)
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
-    result = measure(args.engine_dir, ints(args.chunks), ints(args.decode_rows), args.ctx)
+    result = measure(args.engine_dir, ints(args.chunks), ints(args.decode_rows), args.ctx, args.repeated_tokens,
+                     args.profile)
     print(markdown(result))
     write_json(args.json, result)
     return 0
