@@ -4,7 +4,8 @@
 #   GPU_RUN_DIR=/tmp/gr bash scripts/gpu_pair.sh 'COMMANDS FOR GPU 0' 'COMMANDS FOR GPU 1'
 #
 # Each list is a bash command line run with CUDA_VISIBLE_DEVICES=N and OUT=$OUT/gpuN (its
-# output also in $OUT/gpuN/pair.log), typically `bash scripts/gpu_run.sh ...` calls, e.g. a
+# output also in $OUT/gpuN/pair.log, and all of $OUT/gpuN packed into $OUT/gpuN.tar.gz at the
+# end), typically `bash scripts/gpu_run.sh ...` calls, e.g. a
 # GPU test and a bench on one GPU while the other serves a stage of a round's run.sh. The
 # set-up they share is done once, first: the carried wheels' venv in $GPU_RUN_DIR (two
 # gpu_run.sh starting at once would both install it) and one MPS daemon, which neither list
@@ -38,4 +39,7 @@ for pid in "${pids[@]}"; do
   [ $rc -eq 0 ] && rc=$status
 done
 for gpu in 0 1; do echo "== gpu$gpu"; tail -n 60 "$OUT/gpu$gpu/pair.log"; done
+# one archive per GPU and none of the set-up's files: a device call brings back few files
+rm -rf "$OUT/setup"
+for gpu in 0 1; do tar czf "$OUT/gpu$gpu.tar.gz" -C "$OUT" "gpu$gpu" && rm -rf "${OUT:?}/gpu$gpu"; done
 exit $rc
