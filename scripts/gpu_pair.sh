@@ -39,7 +39,7 @@ for pid in "${pids[@]}"; do
   [ $rc -eq 0 ] && rc=$status
 done
 for gpu in 0 1; do echo "== gpu$gpu"; tail -n 60 "$OUT/gpu$gpu/pair.log"; done
-# one archive per GPU and none of the set-up's files: a device call brings back few files
+# one archive per GPU and none of the set-up's files: few files to copy back
 rm -rf "$OUT/setup"
 for gpu in 0 1; do tar czf "$OUT/gpu$gpu.tar.gz" -C "$OUT" "gpu$gpu" && rm -rf "${OUT:?}/gpu$gpu"; done
 exit $rc
