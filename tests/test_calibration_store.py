@@ -3,6 +3,7 @@ model and a server takes its own GPU's, never another GPU's (an H100 was once se
 the H200's figures). The measurement itself needs a GPU: tests/gpu/test_calibration_on_start.py."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -67,12 +68,26 @@ def test_the_cpu_uses_its_defaults_and_never_calibrates(tmp_path):
     assert needs_calibration(apply_overrides(cfg, {"serve.calibrate": "off"})) is None
 
 
+def engine_of(tmp_path, preset: str, overrides: dict) -> EngineConfig:
+    """An engine directory whose checkpoint is the preset's config.json alone."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(PRESETS[preset]))
+    return apply_overrides(EngineConfig(engine_dir=str(tmp_path), checkpoint="ckpt"), overrides)
+
+
 def test_the_measurement_covers_the_largest_sized_batch_and_keeps_the_users_overrides(tmp_path):
-    cfg = apply_overrides(EngineConfig(engine_dir=str(tmp_path)),
-                          {"kv.gpu_memory_fraction": "0.6", "decode.max_num_seqs": "256"})
+    cfg = engine_of(tmp_path, "llama-3.1-8b", {"kv.gpu_memory_fraction": "0.6", "decode.max_num_seqs": "256"})
     assert calibration_overrides(cfg) == {
         "decode.max_num_seqs": 256, "decode.max_num_batched_tokens": MAX_DECODE_ROWS,
         "decode.cuda_graph_batch_sizes": list(GRAPH_BUCKETS), "kv.gpu_memory_fraction": 0.6}
+
+
+def test_an_moe_bullet_server_measures_its_prefill_through_the_graphs_sizing_gives_it(tmp_path):
+    cfg = engine_of(tmp_path, "qwen3-30b-a3b", {"serve.mode": "bullet"})
+    cfg.prefill.max_num_batched_tokens = 4096
+    assert calibration_overrides(cfg)["prefill.piecewise_graph_tokens"] == [128, 256, 512, 1024, 2048]
+    cfg.serve.sizing = "engine"  # engine.yaml's values: no pieces unless it names them
+    assert "prefill.piecewise_graph_tokens" not in calibration_overrides(cfg)
 
 
 def test_the_calibration_process_says_it_needs_a_gpu(tmp_path):

@@ -79,6 +79,23 @@ def test_chunked_mode_gets_its_own_chunk_and_piecewise_graphs_up_to_it(tmp_path,
     assert graphs_follow.prefill.piecewise_graph_tokens[-1] == 2048
 
 
+def test_an_moe_models_spatial_prefill_worker_gets_piecewise_graphs_and_a_dense_ones_does_not(tmp_path, llama8b):
+    moe = ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"])
+    bullet = config(tmp_path, {"serve.mode": "bullet"})
+    notes = size_for(bullet, moe, H200)
+    assert bullet.prefill.piecewise_graph_tokens == [128, 256, 512, 1024, 2048]  # as measured served
+    assert any(n.startswith("prefill.piecewise_graph_tokens") for n in notes)
+    small_chunk = config(tmp_path, {"serve.mode": "bullet", "serve.chunk_size": "768"})
+    size_for(small_chunk, moe, H200)
+    assert small_chunk.prefill.piecewise_graph_tokens == [128, 256, 512, 768]
+    dense = config(tmp_path, {"serve.mode": "bullet"})
+    size_for(dense, llama8b, H200)
+    assert dense.prefill.piecewise_graph_tokens == []
+    ranks = config(tmp_path, {"serve.mode": "bullet", "parallel.tensor_parallel_size": "2"})
+    size_for(ranks, moe, H200)
+    assert ranks.prefill.piecewise_graph_tokens == []  # pieces run on one rank only
+
+
 def test_overrides_are_recorded_and_never_saved(tmp_path):
     from bullet_trt.config import load_engine_config, save_engine_config
 

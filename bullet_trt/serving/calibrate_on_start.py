@@ -16,16 +16,26 @@ import sys
 from pathlib import Path
 
 from bullet_trt.config import EngineConfig
-from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS
+from bullet_trt.model.arch import ModelArch
+from bullet_trt.serving.device_sizing import (GRAPH_BUCKETS, MAX_DECODE_ROWS, sized_chunk, sized_mode,
+                                              sized_prefill_pieces)
 from bullet_trt.spatial.calibration_store import calibration_file, find_calibration
 
 
 def calibration_overrides(cfg: EngineConfig) -> dict:
     """The run's own overrides, with decode batches up to the largest a sized server may pick
-    (its graphs too: a decode step measured without one is not the step served)."""
+    (its graphs too: a decode step measured without one is not the step served), and, for a
+    sized spatial mode, the prefill worker's piecewise graphs as sizing will give them (a
+    prefill measured eagerly is not the step served either)."""
     given = {key: functools.reduce(getattr, key.split("."), cfg) for key in cfg.overridden}
     sized = {"decode.max_num_seqs": MAX_DECODE_ROWS, "decode.max_num_batched_tokens": MAX_DECODE_ROWS,
              "decode.cuda_graph_batch_sizes": list(GRAPH_BUCKETS)}
+    mode = sized_mode(cfg)
+    if cfg.serve.sizing == "auto" and mode != "chunked":
+        chunk = cfg.serve.chunk_size if "serve.chunk_size" in cfg.overridden else sized_chunk(cfg, mode)
+        pieces = sized_prefill_pieces(cfg, ModelArch.from_checkpoint(cfg.checkpoint_path), mode, chunk)
+        if pieces:
+            sized["prefill.piecewise_graph_tokens"] = pieces
     return {**sized, **given}
 
 

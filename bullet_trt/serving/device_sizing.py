@@ -3,7 +3,9 @@
 engine.yaml's decode slots (64), graphs (up to 64 rows) and chunk (512 tokens) suit two CPU
 cores; a GPU serving an 8B model sustained its measured rates with 1024 decode slots, graphs
 up to 1024 rows, 2048-token chunks for bullet, and for chunked 1024-token chunks whose mixed
-steps replay piecewise CUDA graphs (docs/benchmarks.md). With serve.sizing=auto each of those
+steps replay piecewise CUDA graphs (docs/benchmarks.md); a mixture-of-experts model's prefill
+worker in the spatial modes replays them too, since its eager step is bound by the host
+issuing its kernels (docs/moe.md). With serve.sizing=auto each of those
 keys that no override names is set here, inside the engine process, from:
 
 - memory: the KV pool's share of the device (kv.gpu_memory_fraction less the weights) over
@@ -33,6 +35,13 @@ MAX_DECODE_ROWS = 1024  # the largest decode batch calibrated and served so far
 # prompts up to it; chunked's mixed steps, once graphed, sustain the most at 1024 on both GPUs.
 GPU_CHUNK_TOKENS = {"bullet": 2048, "static": 2048, "chunked": 1024}
 PIECEWISE_STEP_TOKENS = 256  # the spacing of the piecewise graphs' token buckets, as measured
+
+
+def prefill_worker_buckets(chunk: int) -> list[int]:
+    """Token counts of the spatial prefill worker's piecewise graphs, as served with an MoE
+    model: powers of two from 128, then the chunk. Coarser than chunked's: the worker captures
+    each one on every partition it may run on."""
+    return sorted({*(t for t in (128, 256, 512, 1024, 2048) if t < chunk), chunk})
 
 
 def piecewise_buckets(chunk: int) -> list[int]:
@@ -91,14 +100,35 @@ def size_for(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts) -> list[str]:
     if "decode.cuda_graph_batch_sizes" not in given:
         cfg.decode.cuda_graph_batch_sizes = [b for b in GRAPH_BUCKETS if b <= cfg.decode.max_num_seqs]
         notes.append(f"decode.cuda_graph_batch_sizes up to {cfg.decode.cuda_graph_batch_sizes[-1]}")
-    mode = cfg.serve.mode if cfg.serve.mode in GPU_CHUNK_TOKENS else "bullet"
+    mode = sized_mode(cfg)
     if "serve.chunk_size" not in given:
-        cfg.serve.chunk_size = min(GPU_CHUNK_TOKENS[mode], cfg.prefill.max_num_batched_tokens)
+        cfg.serve.chunk_size = sized_chunk(cfg, mode)
         notes.append(f"serve.chunk_size={cfg.serve.chunk_size}")
-    if mode == "chunked" and "prefill.piecewise_graph_tokens" not in given:
-        cfg.prefill.piecewise_graph_tokens = piecewise_buckets(cfg.serve.chunk_size)
-        notes.append(f"prefill.piecewise_graph_tokens up to {cfg.serve.chunk_size}")
+    if "prefill.piecewise_graph_tokens" not in given:
+        cfg.prefill.piecewise_graph_tokens = sized_prefill_pieces(cfg, arch, mode, cfg.serve.chunk_size)
+        if cfg.prefill.piecewise_graph_tokens:
+            notes.append(f"prefill.piecewise_graph_tokens {cfg.prefill.piecewise_graph_tokens}")
     return notes
+
+
+def sized_mode(cfg: EngineConfig) -> str:
+    return cfg.serve.mode if cfg.serve.mode in GPU_CHUNK_TOKENS else "bullet"
+
+
+def sized_chunk(cfg: EngineConfig, mode: str) -> int:
+    return min(GPU_CHUNK_TOKENS[mode], cfg.prefill.max_num_batched_tokens)
+
+
+def sized_prefill_pieces(cfg: EngineConfig, arch: ModelArch, mode: str, chunk: int) -> list[int]:
+    """The piecewise graphs' token buckets for the prefill steps of `mode` at `chunk`."""
+    if mode == "chunked":
+        return piecewise_buckets(chunk)
+    if arch.moe_layers and cfg.parallel.tensor_parallel_size == 1:
+        # A dense model's eager prefill was not measured against graphs in the spatial modes;
+        # an MoE model's was (an eager 128-token step: 42 ms, graphed: 15 ms). Pieces run
+        # on one rank only (engine/session.py).
+        return prefill_worker_buckets(chunk)
+    return []
 
 
 def report(notes: list[str]) -> None:

@@ -59,7 +59,11 @@ serve() {  # serve LABEL TIMEOUT ARGS...
   timeout "$limit" python -m bullet_trt.tools.cli bench serve $COMMON --label "$label" --out "$OUT/serve" "$@" 2>&1 \
     | grep -a -E "req/s|sized for|performance model|Error|error" | tail -8
 }
-pack() { [ -d "$OUT/serve" ] && tar czf "$OUT/serve_$stage.tar.gz" -C "$OUT" serve && rm -rf "$OUT/serve"; }
+pack() {  # a second stage of the same name in one $OUT gets its own archive, not the first's
+  local n=1 name=serve_$stage
+  while [ -e "$OUT/$name.tar.gz" ]; do n=$((n + 1)); name=serve_${stage}_$n; done
+  [ -d "$OUT/serve" ] && tar czf "$OUT/$name.tar.gz" -C "$OUT" serve && rm -rf "$OUT/serve"
+}
 repeated() {  # repeated LABEL: $MODE at ascending $RATE, ${REPEATS:-3} seeds x 120 s, decided early
   local graphs="" sets="" set_tag="" kv
   [ "${MODE:?}" = chunked ] && graphs=$PW
