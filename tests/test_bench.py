@@ -304,6 +304,29 @@ def test_an_interrupted_run_is_left_out_of_its_rates_mean_and_a_decided_one_is_n
     assert caps["chunked"].attainment[2.0] == [0.95, 0.69] and caps["chunked"].first_miss == 2.0
 
 
+def test_a_run_cut_in_its_drain_counts_as_a_lower_bound_that_can_pass_but_not_fail_a_rate():
+    from bullet_trt.tools.bench import capacity
+
+    def doc(label, rate, seed, stopped=None, unsent=0):
+        requests = [{"sent_s": None if i < unsent else float(i)} for i in range(10)]
+        return {"label": label, "dataset": "sharegpt", "rate": rate, "seed": seed, "stopped_early": stopped,
+                "requests": requests}
+    cut = "interrupted"
+    scored = [(doc("bullet", 2.0, 0), 0.99, 0.97),
+              (doc("bullet", 2.0, 1, cut), 0.98, 0.96), (doc("bullet", 2.0, 2, cut), 0.97, 0.95),
+              # at 3: one whole run passes; the cut one, far lower, cannot make the rate a miss
+              (doc("bullet", 3.0, 0), 0.95, 0.93), (doc("bullet", 3.0, 1, cut), 0.50, 0.10),
+              # interrupted before it sent everything: left out altogether
+              (doc("bullet", 4.0, 0, cut, unsent=3), 0.99, 0.99)]
+    (cap,) = capacity.capacities(scored)
+    assert cap.attainment[2.0] == [0.99, 0.98, 0.97] and cap.lower_bounds == {2.0: 2, 3.0: 1}
+    assert cap.sustained == 3.0 and cap.first_miss is None and 4.0 not in cap.attainment
+    assert "2: 98.0% [97%-99%] n=3 (2 of them cut in their drain: a lower bound)" in capacity.markdown([cap])
+    # with no whole run to decide it, a failing lower bound leaves the rate unsustained
+    (alone,) = capacity.capacities([(doc("static", 2.0, 0, cut), 0.5, 0.1)])
+    assert alone.sustained is None and alone.first_miss == 2.0
+
+
 def _queued_run(out_dir, label, first_token_at, seed=0, n=30, tokens=11):
     """n requests arriving 1 s apart, each streaming `tokens` tokens 0.1 s apart from the time
     first_token_at(i) gives request i."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bullet_trt.tools.bench.capacity import whole_run
+from bullet_trt.tools.bench.capacity import drain_cut, whole_run
 from bullet_trt.tools.bench.metrics import cdf
 from bullet_trt.tools.bench.results import slug
 from bullet_trt.tools.bench.scoring import rescore
@@ -34,8 +34,9 @@ def plot_results(docs: list[dict], out_dir: Path, ttft_slo_ms: float | None = No
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
         slo_text = ""
         for label in labels:
-            # as the sustained rate does: an interrupted run did not measure its window
-            runs = [d for d in group if d["label"] == label and whole_run(d)]
+            # as the sustained rate does: a run interrupted before it sent every request did
+            # not measure its window; one cut in its drain is a lower bound
+            runs = [d for d in group if d["label"] == label and (whole_run(d) or drain_cut(d))]
             if not runs:
                 continue
             scored = [rescore(d, ttft_slo_ms, tpot_slo_ms) for d in runs]
