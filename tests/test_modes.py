@@ -62,6 +62,12 @@ def test_prompts_fused_into_decode_steps_give_the_same_outputs(llama_engine, tmp
     assert prefilled < len(batch)  # the rest rode along in decode steps
     assert all(r["tokens"] > r["batch"] for r in steps)  # prompt tokens on top of one per row
     assert plot(records, tmp_path / "fused.png").stat().st_size > 1000
+    # the decode worker's fused steps through piecewise graphs of its own (run uncaptured on
+    # a CPU: the same pieces and attention between them), beside the prefill worker's
+    pieces, _ = run_mode(llama_engine, "bullet", batch, **{
+        "serve.fuse_prefill": "always", "prefill.max_num_seqs": 2, "serve.prefill_hold_fraction": 0,
+        "decode.piecewise_graph_tokens": "[16, 64, 128]", "prefill.piecewise_graph_tokens": "[32, 128]"})
+    assert pieces == chunked
 
 
 @pytest.fixture(scope="module")

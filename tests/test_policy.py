@@ -261,6 +261,24 @@ def test_large_decode_batch_fuses_prompts_into_its_step():
     assert not bullet_policy(state(decode_batch=512, ctx=600, waiting=short), SLO, MODEL).fuse
 
 
+def test_while_the_partition_holds_a_prefill_prompts_may_only_ride_in_decodes_step():
+    """A prefill in flight leaves decode 100 SMs: prompts fuse into decode's steps there, as
+    many as keep a step on those SMs within the TPOT target; nothing goes to the partition."""
+    short = tuple((0.0, 160) for _ in range(40))
+    beside = state(decode_batch=512, ctx=600, waiting=short, fuse="auto", fuse_tokens=2048,
+                   beside_prefill_sms=100)
+    assert MODEL.decode_gemms_compute_bound(512, 100)
+    d = bullet_policy(beside, SLO, MODEL)
+    assert d.fuse and d.prefill_sms is None and d.admit
+    on_100 = lambda n: MODEL.fused_ms(512, 512 * 600, PrefillShape.of([160] * n), 100)  # noqa: E731
+    assert d.predicted_prefill_ms == on_100(len(d.admit)) <= SLO.tpot_ms * SLO.tpot_plan
+    whole = bullet_policy(state(decode_batch=512, ctx=600, waiting=short, fuse="auto", fuse_tokens=2048),
+                          SLO, MODEL)
+    assert len(whole.admit) > len(d.admit)  # on all 132 SMs more prompts fit the target
+    never = state(decode_batch=512, ctx=600, waiting=short, beside_prefill_sms=100)
+    assert bullet_policy(never, SLO, MODEL).admit == []  # no fusing: the queue waits for the partition
+
+
 def test_fused_step_respects_its_token_budget_and_long_prompts_take_a_partition():
     st = state(decode_batch=512, ctx=600, waiting=((0.0, 100), (0.0, 100), (0.0, 100)),
                fuse="always", fuse_tokens=512 + 250)

@@ -202,7 +202,9 @@ class SpatialEngine:
 
     def _step(self) -> list[RequestOutput]:
         outputs = self._apply_aborts()
-        if self.prefilling is None and self.fused is None:  # one prefill at a time
+        # One job per path: a prefill on the partition, and prompts riding in decode's next
+        # step, which may start while the partition's runs (serve.fuse_prefill)
+        if self.fused is None and (self.prefilling is None or self.cfg.serve.fuse_prefill != "never"):
             self._launch_prefill()
         self._send_decode_update()
         if self.prefilling is None and self.fused is None and not self.rows:
@@ -327,7 +329,8 @@ class SpatialEngine:
             free_seq_slots=self.cfg.decode.max_num_seqs - len(q.decoding) - len(q.prefilling),
             decode_slots=self.cfg.decode.max_num_seqs,
             fuse=s.fuse_prefill, fuse_tokens=s.chunk_size,
-            hold_ms=s.prefill_hold_fraction * self.slo.ttft_ms, batch_tokens=s.prefill_batch_tokens)
+            hold_ms=s.prefill_hold_fraction * self.slo.ttft_ms, batch_tokens=s.prefill_batch_tokens,
+            beside_prefill_sms=None if self.prefilling is None else self.prefilling.split.decode_sms)
         if s.mode == "static" and self.splits:
             return static_policy(state, self.slo, self.perf, self.splits[0])
         return bullet_policy(state, self.slo, self.perf)
@@ -338,6 +341,8 @@ class SpatialEngine:
             return
         candidates = list(q.waiting)
         decision = self._decision(candidates)
+        if self.prefilling is not None and not decision.fuse:
+            return  # the partition is taken (the static policy does not know it)
         batch: list[Sequence] = []
         for i in decision.admit:
             seq = candidates[i]

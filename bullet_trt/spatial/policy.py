@@ -25,7 +25,8 @@ decode batch), a prefill beside decode only takes SMs from a phase that needs th
 the policy (`serve.fuse_prefill=auto`) fuses instead: whole waiting prompts ride along in
 decode's next step, sharing its pass over the weights, as many as keep that step within the
 TPOT target and the step's token budget; a prompt that does not fit goes to the prefill
-partition as above. A
+partition as above. Prompts may ride in decode's steps while the partition holds a prefill
+(decode's steps then run on the SMs it leaves), so one path does not wait for the other. A
 phase with nothing to do yields every SM. The `static` policy is the fixed-split baseline
 behind the same signature.
 """
@@ -61,6 +62,14 @@ class PolicyState:
     decode_slots: int | None = None
     fuse: str = "never"  # never | auto | always: whether prompts may ride in decode's step
     fuse_tokens: int = 0  # tokens a fused step may hold, decode rows included (0: no cap)
+    # SMs decode runs on while a prefill already holds its partition (None: none in flight).
+    # Then only a fused prefill can start: prompts ride in decode's steps on those SMs.
+    beside_prefill_sms: int | None = None
+
+    @property
+    def decode_step_sms(self) -> int:
+        """The SMs decode's next step runs on, before this decision."""
+        return self.total_sms if self.beside_prefill_sms is None else self.beside_prefill_sms
 
 
 @dataclass
@@ -180,7 +189,7 @@ def decode_step_budget(state: PolicyState, slo: SloConfig, model: PerfModel) -> 
 def fuses(state: PolicyState, model: PerfModel) -> bool:
     if state.decode_batch == 0 or state.fuse == "never":
         return False
-    return state.fuse == "always" or model.decode_gemms_compute_bound(state.decode_batch, state.total_sms)
+    return state.fuse == "always" or model.decode_gemms_compute_bound(state.decode_batch, state.decode_step_sms)
 
 
 def _admit_fused(state: PolicyState, slo: SloConfig, model: PerfModel) -> tuple[list[int], float]:
@@ -195,7 +204,7 @@ def _admit_fused(state: PolicyState, slo: SloConfig, model: PerfModel) -> tuple[
         if state.fuse_tokens and state.decode_batch + tokens + n > state.fuse_tokens:
             break
         shape = PrefillShape.of([state.waiting[j].num_tokens for j in admitted + [i]])
-        ms = model.fused_ms(state.decode_batch, state.decode_total_ctx, shape, state.total_sms)
+        ms = model.fused_ms(state.decode_batch, state.decode_total_ctx, shape, state.decode_step_sms)
         if state.fuse != "always" and ms > slo.decode_step_ms:
             break
         admitted.append(i)
@@ -211,6 +220,8 @@ def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decis
         admit, ms = _admit_fused(state, slo, model)
         if admit:
             return Decision(None, admit, predicted_prefill_ms=ms, predicted_decode_ms=ms, fuse=True)
+    if state.beside_prefill_sms is not None:  # the partition is taken: prompts wait for it
+        return Decision(prefill_sms=None, admit=[])
     if gathering(state):
         return Decision(prefill_sms=None, admit=[])
     if state.decode_batch == 0 or not state.splits:  # alone, or nothing to split (CPU)
