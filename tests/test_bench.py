@@ -651,6 +651,38 @@ def test_a_sweep_stops_a_decided_rate_and_skips_what_it_cannot_change(server, tm
     assert "| sharegpt | server | - | 4 |" in md
 
 
+def test_a_run_starts_only_when_its_arrivals_and_a_drain_fit_the_time_left():
+    import time
+    from bullet_trt.tools.bench.run_budget import FIRST_DRAIN_S, MARGIN_S, RunBudget
+    budget = RunBudget(150.0, started_at=time.monotonic() - 100.0)  # ~50 s left
+    assert budget.fits(5.0) and not budget.fits(20.0)  # 5 + 30 + 10 fits in ~50; 20 + 30 + 10 does not
+    assert budget.needs_s(5.0) == 5.0 + FIRST_DRAIN_S + MARGIN_S
+    # a run that drained for 38 s: the next estimate takes the longest drain seen
+    budget.ran({"summary": {"duration_s": 98.0}, "workload": {"last_arrival_s": 60.0}, "stopped_early": None})
+    assert budget.needs_s(5.0) == pytest.approx(5.0 + 38.0 + MARGIN_S) and not budget.fits(5.0)
+    # a run stopped early did not drain as a whole run does: it teaches nothing
+    budget.ran({"summary": {"duration_s": 400.0}, "workload": {"last_arrival_s": 60.0}, "stopped_early": "decided"})
+    assert budget.longest_drain_s == pytest.approx(38.0)
+    assert "left" in budget.why(5.0)
+    assert RunBudget(0.0, started_at=0.0).fits(1e9)  # no budget: everything runs
+
+
+def test_a_sweep_does_not_start_a_run_its_time_budget_cannot_hold(server, tmp_path, capsys):
+    """60 s of arrivals cannot end within a 50 s budget: no run starts, nothing is cut."""
+    from bullet_trt.tools.bench import serve_bench
+    from tests.triton_fixture import ensure_tiny_random_engine
+    out = tmp_path / "results"
+    rc = serve_bench.main(["--url", server.grpc_url, "--engine-dir", str(ensure_tiny_random_engine()),
+                           "--dataset", "sharegpt", "--rates", "4,8", "--duration", "60",
+                           "--max-output-tokens", "4", "--time-budget-s", "50", "--warmup", "1",
+                           "--no-progress", "--no-plots", "--out", str(out)])
+    assert rc == 0
+    assert not list(out.glob("*.json"))
+    printed = capsys.readouterr()
+    assert "server sharegpt 4 req/s: not started, nor the 1 after it: it needs ~100 s" in printed.out
+    assert "--time-budget-s 50 spent" in printed.err
+
+
 @pytest.fixture(scope="module")
 def long_engine(tmp_path_factory):
     from tests.tiny_engine import LONG_CONTEXT, tiny_engine

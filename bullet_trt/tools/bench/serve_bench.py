@@ -30,6 +30,7 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from bullet_trt.config import load_engine_config, parse_overrides
@@ -38,6 +39,7 @@ from bullet_trt.tools.bench import datasets as ds
 from bullet_trt.tools.bench.managed_server import ManagedServer
 from bullet_trt.tools.bench.report import rebuild_report
 from bullet_trt.tools.bench.results import dataset_name, slug
+from bullet_trt.tools.bench.run_budget import BudgetSpent
 from bullet_trt.tools.bench.sweep import run_sweep
 from bullet_trt.tools.bench.workload_args import add_workload_args, resolve_tokenizer, workloads_from_args
 from bullet_trt.tools.build import build_default_engine
@@ -70,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "in less time")
     c.add_argument("--timeout-s", type=float, default=0.0,
                    help="bound on one run (default: last arrival + drain timeout + 60 s)")
+    c.add_argument("--time-budget-s", type=float, default=0.0,
+                   help="wall time this command may take, counted from its start (0: unbounded): a run "
+                        "that would not end within it (its arrivals plus the longest drain seen so far, "
+                        "30 s before the first) is not started, nor any after it, so that an outer time "
+                        "limit does not cut a run short")
     c.add_argument("--no-plots", action="store_true", help="write JSON and summary.md only")
     c.add_argument("--gpu-telemetry", default="auto", metavar="auto|off|INDEX",
                    help="sample this GPU's SM clock, power and utilization through NVML every 0.25 s of a run "
@@ -144,6 +151,7 @@ def _stop_like_ctrl_c_on_sigterm():
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.started_at = time.monotonic()
     if args.compare:
         md, pngs = rebuild_report(Path(args.compare), args.ttft_slo_ms, args.tpot_slo_ms, plots=not args.no_plots,
                                   report_dir=args.report_dir)
@@ -177,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: the results measured so far are in " + str(out_dir), file=sys.stderr)
         return 130
+    except BudgetSpent:
+        print(f"--time-budget-s {args.time_budget_s:g} spent: the results of the runs that ended are in "
+              f"{out_dir}", file=sys.stderr)
     finally:
         restore()
     print(f"results: {out_dir / 'summary.md'}")

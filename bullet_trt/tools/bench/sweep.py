@@ -12,6 +12,7 @@ from bullet_trt.tools.bench.decided import misses_that_decide, rate_failed
 from bullet_trt.tools.bench.loadgen import LoadGenerator, LoadGenOptions
 from bullet_trt.tools.bench.progress import ProgressPrinter
 from bullet_trt.tools.bench.report import format_row, rebuild_report
+from bullet_trt.tools.bench.run_budget import BudgetSpent, RunBudget
 from bullet_trt.tools.bench.results import dataset_name, write_result
 from bullet_trt.tools.bench.scoring import slos_ms
 from bullet_trt.tools.bench.telemetry import telemetry_device, telemetry_fields
@@ -49,10 +50,15 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
     if workloads:
         warm_up(url, args.model, warmup_requests(workloads[0], args.warmup, tokenizer))
     decide = getattr(args, "stop_when_decided", False)
+    budget = RunBudget(getattr(args, "time_budget_s", 0.0), getattr(args, "started_at", None))
     attained: dict[tuple, list[float]] = {}  # (dataset, rate) -> attainment of each run so far
     failed_rates: dict[object, float] = {}  # dataset -> the lowest rate decided to fail
     for n, w in enumerate(workloads):
         rate_text = f"{w.rate:g} req/s" + (f" seed {w.seed}" if w.seed else "")
+        if not budget.fits(w.duration_s):
+            print(f"{label} {dataset_name(w.dataset)} {rate_text}: not started, nor the {len(workloads) - n - 1} "
+                  f"after it: {budget.why(w.duration_s)}", flush=True)
+            raise BudgetSpent()
         key = (w.dataset, w.rate)
         finished = attained.setdefault(key, [])
         left = sum(1 for x in workloads[n + 1:] if (x.dataset, x.rate) == key)
@@ -84,6 +90,7 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
                               "fixed_output": not args.allow_eos}, **telemetry},
             notes=notes, stopped_early=result.stopped_early, token_times=args.token_times)
         print(format_row(doc), flush=True)
+        budget.ran(doc)
         docs.append(doc)
         finished.append(doc["summary"]["slo_attainment"])
         if decide and rate_failed(finished, left, DEFAULT_TARGET):

@@ -56,8 +56,10 @@ clocks() { nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --fo
 serve() {  # serve LABEL TIMEOUT ARGS...
   local label=$1 limit=$2
   shift 2
-  timeout "$limit" python -m bullet_trt.tools.cli bench serve $COMMON --label "$label" --out "$OUT/serve" "$@" 2>&1 \
-    | grep -a -E "req/s|sized for|performance model|Error|error" | tail -8
+  # the budget leaves the server's stop inside the timeout; a run that would not end in it is not started
+  timeout "$limit" python -m bullet_trt.tools.cli bench serve $COMMON --label "$label" --out "$OUT/serve" \
+    --time-budget-s $((limit - 20)) "$@" 2>&1 \
+    | grep -a -E "req/s|sized for|performance model|Error|error|budget" | tail -8
 }
 pack() {  # a second stage of the same name in one $OUT gets its own archive, not the first's
   local n=1 name=serve_$stage
