@@ -645,6 +645,7 @@ def test_a_sweep_stops_a_decided_rate_and_skips_what_it_cannot_change(server, tm
     n = doc["summary"]["num_requests"]
     assert doc["summary"]["slo_attainment"] == 0.0
     assert sum(r["sent_s"] is None for r in doc["requests"]) > n // 2  # stopped well before its end
+    assert "| 0.0% | - (stopped) |" in (out / "summary.md").read_text()  # no goodput over a cut span
     printed = capsys.readouterr().out
     assert printed.count("skipped, the sweep has decided that 4 req/s misses the target") == 5
     md = (out / "summary.md").read_text()

@@ -46,7 +46,8 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
         row = [d["label"], d["dataset"], f"{d['rate']:g}", str(d.get("seed", 0)), f"{s['completed']}/{s['num_requests']}",
                f"{s['request_throughput']:.2f}", f"{s['output_token_throughput']:.1f}", trio("ttft_s"),
                trio("tpot_s"), trio("itl_s"), _ms(s["e2e_s"].get("p50")), f"{s['slo_attainment'] * 100:.1f}%",
-               f"{s['goodput']:.2f}",
+               # a run stopped early counted what it finished over a shortened span (report_plots.per_rate)
+               "- (stopped)" if d.get("stopped_early") else f"{s['goodput']:.2f}",
                "-" if tail is None else f"{tail.tail_attainment * 100:.1f}%",
                "-" if tail is None else f"{tail.served_tok_s:.0f} / {tail.offered_tok_s:.0f}"]
         lines.append("| " + " | ".join(row) + " |")
