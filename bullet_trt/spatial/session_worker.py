@@ -45,9 +45,10 @@ def worker_profiles(cfg) -> dict:
     """Each role's profile. The prefill worker replays piecewise graphs where
     `prefill.piecewise_graph_tokens` names buckets (sizing names them for a mixture-of-experts
     model, and leaves them empty for a dense one, which runs eagerly): it moves between SM
-    partitions from step to step, each with a stream of its own, so it captures layers + 1 graphs per token bucket on every partition
-    at start. That pays where an eager prefill is bound by the host launching kernels, as a
-    mixture-of-experts layer's many kernels are (docs/moe.md)."""
+    partitions from step to step, each with a stream of its own, so it captures layers + 1
+    graphs per token bucket on every partition at start. That pays where an eager prefill is
+    bound by the host launching kernels, as a mixture-of-experts layer's many kernels are
+    (docs/moe.md)."""
     return {"prefill": cfg.prefill, "decode": cfg.decode}
 
 

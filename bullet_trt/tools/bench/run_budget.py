@@ -34,8 +34,9 @@ class RunBudget:
         return self.budget_s <= 0 or self.needs_s(arrivals_s) <= self.left_s()
 
     def why(self, arrivals_s: float) -> str:
+        left = max(0.0, self.left_s())
         return (f"it needs ~{self.needs_s(arrivals_s):.0f} s ({arrivals_s:.0f} s of arrivals, a drain, "
-                f"{MARGIN_S:.0f} s to write), {max(0.0, self.left_s()):.0f} s of --time-budget-s {self.budget_s:g} are left")
+                f"{MARGIN_S:.0f} s to write), {left:.0f} s of --time-budget-s {self.budget_s:g} are left")
 
     def ran(self, doc: dict) -> None:
         """Takes a finished run's drain (its end after its last arrival) into the estimate."""
