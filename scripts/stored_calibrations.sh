@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Installs the performance-model calibrations measured on the lent GPU models
-# (docs/data/perf_model_<gpu>_llama-3.1-8b.yaml) into a dummy-weight Llama-3.1-8B engine
-# directory, named for their GPU as a calibration run names them; a server takes its own GPU's
-# (bullet_trt/spatial/calibration_store.py). A file already there is kept: a calibration this
-# machine measured wins over the stored one.
-#   bash scripts/stored_calibrations.sh ENGINE_DIR
+# Installs the performance-model calibrations stored in docs/data
+# (perf_model_<gpu>_<arch>.yaml, measured on an H100 and an H200) into a dummy-weight engine
+# directory of that arch, named for their GPU as a calibration run names them; a server takes
+# its own GPU's (bullet_trt/spatial/calibration_store.py) and skips measuring it at start. A
+# file already there is kept: a calibration this machine measured wins over the stored one.
+#   bash scripts/stored_calibrations.sh ENGINE_DIR [ARCH]     (ARCH: llama-3.1-8b by default)
 set -eu
 engine=${1:?engine directory}
+arch=${2:-llama-3.1-8b}
 data="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/docs/data"
 for gpu in h200:nvidia-h200 h100:nvidia-h100-80gb-hbm3; do
-  [ -f "$engine/perf_model.${gpu#*:}.yaml" ] \
-    || cp "$data/perf_model_${gpu%%:*}_llama-3.1-8b.yaml" "$engine/perf_model.${gpu#*:}.yaml"
+  stored=$data/perf_model_${gpu%%:*}_$arch.yaml
+  if [ -f "$stored" ] && [ ! -f "$engine/perf_model.${gpu#*:}.yaml" ]; then
+    cp "$stored" "$engine/perf_model.${gpu#*:}.yaml"
+  fi
 done

@@ -22,8 +22,10 @@
 #   moe      the protocol of `protocol` on the dummy-weight Qwen3-30B-A3B (built first where
 #            ${MOE_ENGINE:-$GPU_RUN_DIR/engines/qwen3-30b-a3b} lacks it; weights are made on the
 #            GPU at start): $MODE at $RATE, three seeds x 120 s, --stop-when-decided; one H200
-#            (61 GB of weights). A server calibrates at its first start on an engine directory:
-#            a run whose $SETS change how steps run (prefill graphs) takes a MOE_ENGINE of its own
+#            (61 GB of weights). The engine directory gets the stored H200 calibration
+#            (docs/data/perf_model_h200_qwen3-30b-a3b.yaml, measured with the prefill pieces
+#            sizing names); with FRESH_CALIBRATION=1 the first server measures its own, and a
+#            run whose $SETS change how steps run then takes a MOE_ENGINE of its own
 #   overlap  bullet at $RATE with the iteration log (GPU-clock stamps), prefill starting at once
 #            and waiting for decode's move (serve.prefill_waits_for_split), then `bench overlap`;
 #            its two runs need ~9 minutes, so run it where an earlier stage built the engine
@@ -121,6 +123,9 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
     moe_engine=${MOE_ENGINE:-${GPU_RUN_DIR:?}/engines/qwen3-30b-a3b}
     [ -f "$moe_engine/engine.yaml" ] || python build_engines.py --dummy-weights --arch qwen3-30b-a3b \
       --out "$moe_engine" --max-model-len 4096 >/dev/null || exit 1
+    # the stored H200 calibration (random prompts, prefill pieces as sizing names them): a
+    # server that finds it skips two minutes of measuring; FRESH_CALIBRATION=1 measures anew
+    [ -n "${FRESH_CALIBRATION:-}" ] || bash scripts/stored_calibrations.sh "$moe_engine" qwen3-30b-a3b
     COMMON=${COMMON/--engine-dir $ENGINE/--engine-dir $moe_engine}
     repeated "moe-${MODE:?}"
     ;;
