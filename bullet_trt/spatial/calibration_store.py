@@ -55,10 +55,9 @@ def find_calibration(engine_dir: str | Path, gpu_name: str, total_sms: int) -> C
     return Calibration(plain, f"calibration {plain.name}" + (f" ({measured_on})" if measured_on else ""))
 
 
-def measured_prefill_graphs(path: str | Path) -> list[int]:
-    """The token buckets of the piecewise graphs the calibration's prefill steps replayed
+def measured_prefill_graphs(data: dict) -> list[int]:
+    """The token buckets of the piecewise graphs a saved calibration's prefill steps replayed
     ([]: eager, as every calibration made before it recorded them was)."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
     return list((data.get("calibration") or {}).get("prefill_graph_tokens") or [])
 
 
@@ -81,9 +80,10 @@ def load_perf_model(engine_dir: str | Path, cost: ModelCost, gpu_name: str | Non
     if found.path is None:
         return PerfModel.default(cost, total_sms, on_gpu=True), f"{found.note}: uncalibrated defaults"
     note = found.note
-    measured = measured_prefill_graphs(found.path)
+    data = yaml.safe_load(found.path.read_text())
+    measured = measured_prefill_graphs(data)
     if prefill_graph_tokens is not None and measured != list(prefill_graph_tokens):
         note += (f"; its prefill steps ran {_how(measured)}, this server's prefill worker runs them "
                  f"{_how(list(prefill_graph_tokens))}, so its prefill figures are off until the online "
                  f"correction has caught up (delete {found.path.name} to measure again at start)")
-    return PerfModel.load(found.path, cost), note
+    return PerfModel.from_saved(data, cost), note

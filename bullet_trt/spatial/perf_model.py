@@ -266,7 +266,11 @@ class PerfModel:
 
     @staticmethod
     def load(path: str | Path, cost: ModelCost) -> "PerfModel":
-        data = yaml.safe_load(Path(path).read_text())
+        return PerfModel.from_saved(yaml.safe_load(Path(path).read_text()), cost)
+
+    @staticmethod
+    def from_saved(data: dict, cost: ModelCost) -> "PerfModel":
+        """The model of a saved file's contents (`save`)."""
         return PerfModel(cost, RooflineCoeffs(**data["coeffs"]))
 
     @staticmethod
