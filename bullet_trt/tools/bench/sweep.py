@@ -55,10 +55,6 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
     failed_rates: dict[object, float] = {}  # dataset -> the lowest rate decided to fail
     for n, w in enumerate(workloads):
         rate_text = f"{w.rate:g} req/s" + (f" seed {w.seed}" if w.seed else "")
-        if not budget.fits(w.duration_s):
-            print(f"{label} {dataset_name(w.dataset)} {rate_text}: not started, nor the {len(workloads) - n - 1} "
-                  f"after it: {budget.why(w.duration_s)}", flush=True)
-            raise BudgetSpent()
         key = (w.dataset, w.rate)
         finished = attained.setdefault(key, [])
         left = sum(1 for x in workloads[n + 1:] if (x.dataset, x.rate) == key)
@@ -67,6 +63,11 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
             print(f"{label} {dataset_name(w.dataset)} {rate_text}: skipped, the sweep has decided that "
                   f"{failed_rates.get(w.dataset, w.rate):g} req/s misses the target", flush=True)
             continue
+        # after the skip: a run the sweep has decided away takes no time, whatever its length
+        if not budget.fits(w.duration_s):
+            print(f"{label} {dataset_name(w.dataset)} {rate_text}: not started, nor the {len(workloads) - n - 1} "
+                  f"after it: {budget.why(w.duration_s)}", flush=True)
+            raise BudgetSpent()
         opts = LoadGenOptions(model=args.model, temperature=args.temperature, fixed_output=not args.allow_eos,
                               streams=args.streams, drain_timeout_s=args.drain_timeout_s,
                               timeout_s=args.timeout_s or (w.duration_s + args.drain_timeout_s + 60),
