@@ -28,11 +28,13 @@ them, which therefore predict as they did:
 - floors: a step takes at least ``prefill_floor_ms`` / ``decode_floor_ms`` whatever its
   work, the host issuing an eager step's kernels or a graph's chain of small kernels; the
   GPU's work hides under it (step = max(floor, roofline)). A Qwen3-30B-A3B eager prefill on
-  an H200 took ~80 ms from 128 to 2048 tokens, which no roofline plus a constant can hold.
+  an H200 took ~80 ms from 128 to 2048 tokens in a calibration that ran it eagerly on prompts
+  of one repeated token, which no roofline plus a constant can hold.
 - a mixture-of-experts model's routed experts: their grouped GEMMs run at ``expert_tflops``
   and after their weight stream rather than under it (experts = FLOPs / rate + bytes /
   bandwidth), beside the dense layers' max. On the same H200's points the two terms took the
-  held-out median error from 33.5% to 7.7% (docs/benchmarks.md, "Qwen3-30B-A3B on one H200").
+  held-out median error from 33.5% to 7.7% (docs/benchmarks.md, "Qwen3-30B-A3B on one H200");
+  the calibration now served, prefill through graphs on random prompts, fits within 5.7%.
 
 Each phase also carries an online correction that tracks measured/predicted step times
 while serving, one per SM count it ran on: a partition runs beside the other phase (sharing
