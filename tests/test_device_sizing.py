@@ -96,6 +96,31 @@ def test_an_moe_models_spatial_prefill_worker_gets_piecewise_graphs_and_a_dense_
     assert ranks.prefill.piecewise_graph_tokens == []  # pieces run on one rank only
 
 
+def test_bullet_plans_an_moe_models_decode_steps_up_to_the_tpot_slo_unless_told_otherwise(tmp_path, llama8b):
+    moe = ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"])
+    bullet = config(tmp_path, {"serve.mode": "bullet"})
+    notes = size_for(bullet, moe, H200)
+    assert bullet.serve.tpot_plan_fraction == 1.0 and "serve.tpot_plan_fraction=1.0" in notes
+    told = config(tmp_path, {"serve.mode": "bullet", "serve.tpot_plan_fraction": "0.9"})
+    size_for(told, moe, H200)
+    assert told.serve.tpot_plan_fraction == 0.9
+    for other_mode, arch in (("chunked", moe), ("bullet", llama8b)):
+        kept = config(tmp_path, {"serve.mode": other_mode})
+        notes = size_for(kept, arch, H200)
+        assert kept.serve.tpot_plan_fraction == 0.85
+        assert not any(n.startswith("serve.tpot_plan_fraction") for n in notes)
+
+
+def test_a_looser_decode_plan_is_sized_before_the_slots_it_bounds(tmp_path):
+    moe = ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"])
+    tight = {"serve.mode": "bullet", "serve.tpot_slo_ms": "20"}
+    planned = config(tmp_path, tight)
+    size_for(planned, moe, H200)
+    default_plan = config(tmp_path, {**tight, "serve.tpot_plan_fraction": "0.85"})
+    size_for(default_plan, moe, H200)
+    assert planned.decode.max_num_seqs > default_plan.decode.max_num_seqs
+
+
 def test_overrides_are_recorded_and_never_saved(tmp_path):
     from bullet_trt.config import load_engine_config, save_engine_config
 
