@@ -3,6 +3,7 @@ replay loop, and one end-to-end run of `bench serve` against the real tritonserv
 embedded default engine). No test asserts on wall time."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -286,7 +287,10 @@ def test_sustained_rate_averages_repeats_and_stops_at_the_first_miss(tmp_path):
     assert caps["bullet"].attainment[3.0] == [0.75, 1.0, 1.0]
     rebuild_report(tmp_path, plots=False)
     md = (tmp_path / "summary.md").read_text()
-    assert "| sharegpt | bullet | 3 | 4 | 3.00x chunked |" in md
+    # the edges lie in [3, 4) and [1, 2): the ratio between 3/2 and 4/1
+    assert "| sharegpt | bullet | 3 | 4 | 3.00x [1.50x-4.00x] chunked |" in md
+    bullet_edge_unknown = dataclasses.replace(caps["bullet"], first_miss=None)
+    assert capacity.ratio_bracket(bullet_edge_unknown, caps["chunked"]) == "[1.50x-?]"
 
 
 def test_an_interrupted_run_is_left_out_of_its_rates_mean_and_a_decided_one_is_not():

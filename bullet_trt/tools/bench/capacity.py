@@ -107,17 +107,25 @@ def baseline_for(caps: list[Capacity], dataset: str, prefix: str = "chunked") ->
     return max(rivals, key=lambda c: c.sustained or 0.0, default=None)
 
 
+def ratio_bracket(c: Capacity, base: Capacity) -> str:
+    """Where the ratio of the two true edges lies: each edge is at or above its sustained rate
+    and below its first miss, so a side without a measured miss leaves that end open ("?")."""
+    low = f"{c.sustained / base.first_miss:.2f}x" if base.first_miss else "?"
+    high = f"{c.first_miss / base.sustained:.2f}x" if c.first_miss else "?"
+    return f"[{low}-{high}]"
+
+
 def markdown(caps: list[Capacity], target: float = DEFAULT_TARGET) -> str:
     lines = [f"## Sustained rate (mean SLO attainment >= {target:.0%} at that rate and below, "
              "over whole runs and over their last third of arrivals)", "",
-             "| dataset | label | sustained (req/s) | first miss (req/s) | vs best chunked | "
+             "| dataset | label | sustained (req/s) | first miss (req/s) | vs best chunked [bracket] | "
              "attainment per rate (mean [min-max] over runs) | last third's attainment per rate |",
              "|---|---|---|---|---|---|---|"]
     for c in caps:
         base = baseline_for(caps, c.dataset)
         ratio = "-"
         if base is not None and base.sustained and c.sustained and base is not c:
-            ratio = f"{c.sustained / base.sustained:.2f}x {base.label}"
+            ratio = f"{c.sustained / base.sustained:.2f}x {ratio_bracket(c, base)} {base.label}"
         per_rate = "; ".join(
             f"{r:g}: {mean(v):.1%}" + (f" [{min(v):.0%}-{max(v):.0%}] n={len(v)}" if len(v) > 1 else "")
             + (f" ({c.lower_bounds[r]} of them cut in their drain: a lower bound)" if c.lower_bounds.get(r) else "")
