@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from bullet_trt.tools.bench import datasets as ds
+from bullet_trt.tools.bench.managed_server import engine_notes
 from bullet_trt.tools.bench.metrics import RequestRecord, percentiles, slo_attainment, summarize
 
 # ---------------------------------------------------------------------------------------------
@@ -762,9 +763,25 @@ def test_serve_bench_starts_a_server_per_mode(tmp_path):
     doc = json.loads((out / "chunked__azure-code__rate20.json").read_text())
     assert doc["overrides"] == {"serve.mode": "chunked"} and doc["summary"]["completed"] == 4
     assert (out / "server_chunked.log").is_file()
+    assert doc["engine_notes"] == engine_notes(out / "server_chunked.log")  # none from chunked on a CPU
     with pytest.raises(SystemExit, match="mode static: serve.static_prefill_sms"):
         serve_bench.main(["--start-server", "--modes", "static", "--dataset", "sharegpt", "--rates", "1",
                           "--out", str(out)])
+
+
+def test_a_started_servers_own_lines_about_its_settings_are_kept_and_tritons_are_not(tmp_path):
+    log = tmp_path / "server_bullet.log"
+    log.write_text(
+        'I1126 00:56:38.407577 5205 python_be.cc:2249] "TRITONBACKEND_ModelInstanceInitialize"\n'
+        "bullet_trt: performance model: calibrated on NVIDIA H200 (perf_model.nvidia-h200.yaml)\n"
+        "bullet_trt: sized for this GPU (serve.sizing=engine keeps engine.yaml's values): "
+        "serve.tpot_plan_fraction=1.0; serve.chunk_size=2048\n"
+        "2026-11-26 00:58:05,553 bullet_trt.serving.triton INFO: bullet: engine ready\n")
+    assert engine_notes(log) == [
+        "performance model: calibrated on NVIDIA H200 (perf_model.nvidia-h200.yaml)",
+        "sized for this GPU (serve.sizing=engine keeps engine.yaml's values): serve.tpot_plan_fraction=1.0; "
+        "serve.chunk_size=2048"]
+    assert engine_notes(tmp_path / "missing.log") == []
 
 
 def test_started_servers_plan_for_the_slos_the_run_is_scored_against():

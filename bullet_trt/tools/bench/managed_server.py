@@ -8,6 +8,9 @@ from bullet_trt.serving.supervisor import stop_server
 from bullet_trt.serving.triton import server as srv
 
 
+ENGINE_NOTE = "bullet_trt: "  # how the engine's start-up lines begin in the server's log
+
+
 class ManagedServer:
     """tritonserver started with the project's launcher, for one mode."""
 
@@ -23,6 +26,9 @@ class ManagedServer:
     @property
     def url(self) -> str:
         return f"localhost:{self.grpc_port}"
+
+    def engine_notes(self) -> list[str]:
+        return engine_notes(self.log_file)
 
     def _log_tail(self) -> str:
         try:
@@ -40,3 +46,14 @@ class ManagedServer:
 
     def stop(self) -> None:
         stop_server(self.proc)
+
+
+def engine_notes(log_file: Path) -> list[str]:
+    """What the engine said about itself while starting (the performance model it took, what
+    it sized for the GPU, the graphs it captured): settings that a run's label and overrides
+    do not name, such as a sized value, to keep with the run's results."""
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line.removeprefix(ENGINE_NOTE).strip() for line in lines if line.startswith(ENGINE_NOTE)]

@@ -129,7 +129,7 @@ def sweep_started_servers(args, workloads: list[ds.Workload], out_dir: Path, tok
         server = ManagedServer(Path(args.engine_dir), overrides, log, args.model, args.server_start_timeout_s)
         try:
             run_sweep(server.url, label, workloads, args, out_dir, tokenizer=tokenizer, note=note,
-                      overrides=overrides)
+                      overrides=overrides, engine_notes=server.engine_notes())
         finally:
             server.stop()
 

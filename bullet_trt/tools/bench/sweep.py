@@ -41,9 +41,10 @@ def check_server(url: str, model: str) -> None:
 
 
 def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir: Path, *,
-              tokenizer=None, note: str = "", overrides: dict[str, str] | None = None) -> list[dict]:
+              tokenizer=None, note: str = "", overrides: dict[str, str] | None = None,
+              engine_notes: list[str] | None = None) -> list[dict]:
     """``args``: the parsed `bench serve` options; ``note`` goes into every run's notes,
-    ``overrides`` (those of a started server) into its JSON."""
+    ``overrides`` and ``engine_notes`` (those of a started server) into its JSON."""
     docs = []
     ttft_slo, tpot_slo = slos_ms(args.ttft_slo_ms, args.tpot_slo_ms)
     check_server(url, args.model)
@@ -87,6 +88,7 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
             records=result.records, workload=w, ttft_slo_ms=ttft_slo, tpot_slo_ms=tpot_slo,
             extra={"url": url, "model": args.model, "engine_dir": args.engine_dir,
                    "overrides": overrides or {},
+                   **({"engine_notes": engine_notes} if engine_notes is not None else {}),
                    "client": {"streams": args.streams, "temperature": args.temperature,
                               "fixed_output": not args.allow_eos}, **telemetry},
             notes=notes, stopped_early=result.stopped_early, token_times=args.token_times)
