@@ -25,7 +25,9 @@
 #            (61 GB of weights). The engine directory gets the stored H200 calibration
 #            (docs/data/perf_model_h200_qwen3-30b-a3b.yaml, measured with the prefill pieces
 #            sizing names); with FRESH_CALIBRATION=1 the first server measures its own, and a
-#            run whose $SETS change how steps run then takes a MOE_ENGINE of its own
+#            run whose $SETS change how steps run then takes a MOE_ENGINE of its own. Since
+#            2026-11-26 sizing plans bullet's decode up to the TPOT SLO for this model
+#            (serve.tpot_plan_fraction=1.0; SETS="serve.tpot_plan_fraction=0.85" for the old plan)
 #   overlap  bullet at $RATE with the iteration log (GPU-clock stamps), prefill starting at once
 #            and waiting for decode's move (serve.prefill_waits_for_split), then `bench overlap`;
 #            its two runs need ~9 minutes, so run it where an earlier stage built the engine
