@@ -38,6 +38,10 @@
 #            without an override at the same rate; each
 #            stage's server and load generator see only their own GPU, so the two runs share
 #            the host's CPUs (unpinned) and nothing on the GPUs
+# $LIMIT (seconds, default 590) bounds the protocol, moe and pair stages; without it, $DEADLINE
+# (epoch seconds, e.g. DEADLINE=$(( $(date +%s) + 580 )) exported at the start of a device
+# call) gives each stage what is left of the call, so stages run one after another on a GPU
+# share one call's time and a fresh machine's set-up is taken off the first.
 # $SETS ("key=value ..."): engine overrides for the protocol, moe and pair stages' servers,
 # each named in the runs' label, e.g. SETS="serve.tpot_plan_fraction=1.0".
 # Every stage serves $DATASET (default sharegpt; azure-conv, azure-code) at TTFT <= $TTFT_SLO ms
@@ -77,7 +81,10 @@ repeated() {  # repeated LABEL: $MODE at ascending $RATE, ${REPEATS:-3} seeds x 
     sets="$sets --set $kv"
     set_tag="$set_tag-${kv#*.}"  # serve.tpot_plan_fraction=1.0 -> -tpot_plan_fraction=1.0
   done
-  serve "$1-${CHUNK:-2048}$SLO_TAG$set_tag" "${LIMIT:-590}" --modes "$MODE" --rates "${RATE:?}" $G $graphs $sets \
+  local limit=${LIMIT:-590}
+  [ -z "${LIMIT:-}" ] && [ -n "${DEADLINE:-}" ] && limit=$((DEADLINE - $(date +%s) - 10))
+  [ "$limit" -gt 30 ] || { echo "run.sh: $((limit)) s left before DEADLINE: $1 not started"; return; }
+  serve "$1-${CHUNK:-2048}$SLO_TAG$set_tag" "$limit" --modes "$MODE" --rates "${RATE:?}" $G $graphs $sets \
     --duration "${DURATION:-120}" --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
   pack
 }
