@@ -92,9 +92,10 @@ def size_for(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts) -> list[str]:
     given = set(cfg.overridden)
     notes = []
     mode = sized_mode(cfg)
-    if "serve.tpot_plan_fraction" not in given and sized_tpot_plan(arch, mode) is not None:
-        cfg.serve.tpot_plan_fraction = sized_tpot_plan(arch, mode)
-        notes.append(f"serve.tpot_plan_fraction={cfg.serve.tpot_plan_fraction}")
+    plan = sized_tpot_plan(arch, mode)
+    if "serve.tpot_plan_fraction" not in given and plan is not None:
+        cfg.serve.tpot_plan_fraction = plan  # before the slots: their TPOT bound reads it
+        notes.append(f"serve.tpot_plan_fraction={plan}")
     rows, why = decode_rows(cfg, arch, gpu, dtype_bytes)
     if "decode.max_num_seqs" not in given:
         cfg.decode.max_num_seqs = rows
