@@ -45,15 +45,19 @@ def test_leaves_are_acknowledged_even_for_rows_that_joined_in_the_same_update():
     assert sorted(left) == [0, 1] and batch.rows == {} and batch.runnable() == []
 
 
-def test_prompts_ride_along_once_in_arrival_order():
+def test_each_updates_prompts_ride_once_in_a_step_of_their_own_in_order():
     batch = PersistentDecodeBatch(block_size=16, total_sms=0)
     first = BatchItem("a", [1, 2, 3], 0, [4], SamplingParams(max_tokens=8), True)
     second = BatchItem("b", [7, 8], 0, [5], SamplingParams(max_tokens=8), True)
-    update = DecodeUpdate(prompts=[first])
+    third = BatchItem("c", [9], 0, [6], SamplingParams(max_tokens=8), True)
+    update = DecodeUpdate(prompts=[first, second])
     assert update  # an update that only carries prompts is still sent
     batch.apply(update)
-    batch.apply(DecodeUpdate(prompts=[second]))
+    batch.apply(DecodeUpdate(grants=[(0, [1])]))  # no prompts: no group
+    batch.apply(DecodeUpdate(prompts=[third]))  # sent while the step with the first group runs
+    # the policy sized each group for a step of its own: the second waits for the next step
     assert batch.take_prompts() == [first, second]
+    assert batch.take_prompts() == [third]
     assert batch.take_prompts() == [] and batch.runnable() == []  # prompts never become rows here
 
 

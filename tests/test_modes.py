@@ -62,6 +62,15 @@ def test_prompts_fused_into_decode_steps_give_the_same_outputs(llama_engine, tmp
     assert prefilled < len(batch)  # the rest rode along in decode steps
     assert all(r["tokens"] > r["batch"] for r in steps)  # prompt tokens on top of one per row
     assert plot(records, tmp_path / "fused.png").stat().st_size > 1000
+    # the next fused prompts go out while a step carries the last ones, so they ride in the
+    # very next step: back-to-back fused steps (with one job out at a time, every other step)
+    log = tmp_path / "back_to_back.jsonl"
+    back_to_back, _ = run_mode(llama_engine, "bullet", batch, **{
+        "serve.fuse_prefill": "always", "serve.iteration_log": str(log), "prefill.max_num_seqs": 2,
+        "serve.prefill_hold_fraction": 0, "serve.chunk_size": 64})
+    assert back_to_back == chunked
+    phases = [r["phase"] for r in load(log)]
+    assert ("fused", "fused") in zip(phases, phases[1:])
     # the decode worker's fused steps through piecewise graphs of its own (run uncaptured on
     # a CPU: the same pieces and attention between them), beside the prefill worker's
     pieces, _ = run_mode(llama_engine, "bullet", batch, **{

@@ -11,7 +11,9 @@ produce a token; the orchestrator grants blocks a little ahead so that rows rare
 Prompts can ride along too: the orchestrator may hand the worker whole prompts to prefill
 inside its next step, on the GPU share decode runs on, so that they share the step's pass
 over the weights instead of running beside it on a partition of their own (the fused path
-of `bullet_trt/spatial/policy.py`). Their results come back with that step.
+of `bullet_trt/spatial/policy.py`). Their results come back with that step. Each update's
+prompts ride in a step of their own, in the order sent: the orchestrator may send the next
+group while a step carries the last one, and the policy sized each group for a step alone.
 
 A row that leaves may have stepped once or twice more than the orchestrator accepted; those
 tokens are dropped there. Its KV blocks are freed only after the worker acknowledges the
@@ -29,7 +31,7 @@ class PersistentDecodeBatch:
         self.rows: dict[int, BatchItem] = {}
         self.split = SmSplit.whole(total_sms)
         self.split_epoch = 0
-        self.prompts: list[BatchItem] = []
+        self.prompt_groups: list[list[BatchItem]] = []  # one per update that carried prompts
 
     def apply(self, update: DecodeUpdate) -> list[int]:
         """Applies an update; returns the row ids that left (to acknowledge)."""
@@ -46,12 +48,13 @@ class PersistentDecodeBatch:
         if update.split is not None:
             self.split = update.split
             self.split_epoch = update.epoch
-        self.prompts += update.prompts
+        if update.prompts:
+            self.prompt_groups.append(list(update.prompts))
         return list(update.leaves)
 
     def take_prompts(self) -> list[BatchItem]:
-        prompts, self.prompts = self.prompts, []
-        return prompts
+        """The prompts of the next step: the oldest group waiting, or none."""
+        return self.prompt_groups.pop(0) if self.prompt_groups else []
 
     def runnable(self) -> list[tuple[int, BatchItem]]:
         """Rows whose next position has a block and that may still produce a token."""

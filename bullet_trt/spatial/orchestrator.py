@@ -22,6 +22,7 @@ from __future__ import annotations
 import queue
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,10 @@ class PrefillJob:
 
 FOLLOWER = "bullet_trt.spatial.rank_follower:run_spatial_follower"
 ROLES = ("prefill", "decode")
+# Fused jobs out at once: the one a decode step carries, and the next, which is sent while
+# that step runs so that it rides in the step right after (with one, the worker had already
+# started another step by the time the first came back: prompts rode in every other step).
+FUSED_IN_FLIGHT = 2
 
 
 class SpatialEngine:
@@ -122,7 +127,9 @@ class SpatialEngine:
             ranks.pool_ready(self.state.num_blocks)
         self.static_split = SmSplit(self.total_sms, static_split)
         self.prefilling: PrefillJob | None = None  # on the prefill partition
-        self.fused: PrefillJob | None = None  # riding in decode's next step
+        # riding in decode's steps, one job a step in the order sent: the one a step carries
+        # now and the next, sent meanwhile so that it rides in the very next step
+        self.fused: deque[PrefillJob] = deque()
         self.rows = DecodeRows()
         self.starved: list[Sequence] = []  # decoding, their next block due from acknowledged leaves
         self.lookahead_tokens = 4
@@ -177,7 +184,7 @@ class SpatialEngine:
 
     def has_unfinished(self) -> bool:
         # Blocks whose leave the decode worker has not acknowledged are still in use.
-        return (self.requests.has_unfinished() or self.prefilling is not None or self.fused is not None
+        return (self.requests.has_unfinished() or self.prefilling is not None or bool(self.fused)
                 or bool(self.rows.unacked))
 
     def stats(self) -> EngineStats:
@@ -202,12 +209,12 @@ class SpatialEngine:
 
     def _step(self) -> list[RequestOutput]:
         outputs = self._apply_aborts()
-        # One job per path: a prefill on the partition, and prompts riding in decode's next
-        # step, which may start while the partition's runs (serve.fuse_prefill)
-        if self.fused is None and (self.prefilling is None or self.cfg.serve.fuse_prefill != "never"):
+        # A prefill on the partition, and prompts riding in decode's steps (serve.fuse_prefill),
+        # which may start while the partition's runs
+        if len(self.fused) < FUSED_IN_FLIGHT and (self.prefilling is None or self.cfg.serve.fuse_prefill != "never"):
             self._launch_prefill()
         self._send_decode_update()
-        if self.prefilling is None and self.fused is None and not self.rows:
+        if self.prefilling is None and not self.fused and not self.rows:
             return outputs
         outputs += self._collect()
         # Grants, joins and leaves go out before the caller ships the outputs, so the decode
@@ -228,7 +235,7 @@ class SpatialEngine:
 
     # -- sequences --------------------------------------------------------------------------
     def _in_prefill(self, seq: Sequence) -> bool:
-        return any(job is not None and seq in job.seqs for job in (self.prefilling, self.fused))
+        return any(job is not None and seq in job.seqs for job in (self.prefilling, *self.fused))
 
     def _apply_aborts(self) -> list[RequestOutput]:
         """Aborted sequences end now, except those in a prefill: they end when it returns."""
@@ -341,8 +348,10 @@ class SpatialEngine:
             return
         candidates = list(q.waiting)
         decision = self._decision(candidates)
-        if self.prefilling is not None and not decision.fuse:
-            return  # the partition is taken (the static policy does not know it)
+        if (self.prefilling is not None or self.fused) and not decision.fuse:
+            # the partition is taken (the static policy does not know it), or prompts ride in
+            # decode's steps on the whole GPU: a split would move them
+            return
         batch: list[Sequence] = []
         for i in decision.admit:
             seq = candidates[i]
@@ -361,7 +370,7 @@ class SpatialEngine:
         if decision.fuse:
             # timed, predicted and logged as the decode step that carries it
             self.rows.carry_prompts(items)
-            self.fused = PrefillJob(batch, tokens, split)
+            self.fused.append(PrefillJob(batch, tokens, split))
             return
         predicted = self.perf.prefill_ms(PrefillShape.of(tokens), split.prefill_sms)
         self.prefilling = PrefillJob(batch, tokens, split, predicted)
@@ -452,9 +461,8 @@ class SpatialEngine:
         reason = last_line(trace)
         self.decode_failures.failed(reason)
         seqs = [self.rows.rows[row] for row in rows if row in self.rows.rows]
-        if carried_prompts and self.fused is not None:
-            seqs += self.fused.seqs
-            self.fused = None
+        if carried_prompts and self.fused:
+            seqs += self.fused.popleft().seqs
         report("decode", len(seqs), trace)
         return self._fail_running(seqs, f"decode failed on the engine's decode worker: {reason}")
 
@@ -481,8 +489,8 @@ class SpatialEngine:
         sms = step.split.decode_sms
         self.last_sms = (self.last_sms[0], self.partitioner.total_sms and sms)
         rows = len(step.row_ids)
-        if step.prompt_results is not None and self.fused is not None:
-            job, self.fused = self.fused, None
+        if step.prompt_results is not None and self.fused:
+            job = self.fused.popleft()
             predicted = self.perf.fused_ms(rows, step.total_ctx, PrefillShape.of(job.tokens), sms)
             self.perf.observe("fused", predicted, step.measured_ms, sms)
             outputs += self._prefilled(job, step.prompt_results)

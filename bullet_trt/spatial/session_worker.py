@@ -98,9 +98,10 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
     stepped = False  # whether rows stepped last time round: likely they can step again
     parent = mp.parent_process()
     while True:
-        # Block on the inbox only when no row stepped; otherwise take what is there. (When
-        # the rows that stepped cannot step again, the next round finds none and blocks.)
-        msgs = mirror.take(block=not stepped)
+        # Block on the inbox only when no row stepped and no prompts wait for a step; otherwise
+        # take what is there. (When the rows that stepped cannot step again, the next round
+        # finds none and blocks.)
+        msgs = mirror.take(block=not stepped and not batch.prompt_groups)
         if not msgs and parent is not None and not parent.is_alive():
             outbox.cancel_join_thread()  # orphaned: free the GPU
             return
