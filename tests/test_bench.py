@@ -784,6 +784,23 @@ def test_a_started_servers_own_lines_about_its_settings_are_kept_and_tritons_are
     assert engine_notes(tmp_path / "missing.log") == []
 
 
+def test_the_report_says_what_each_started_server_said_about_itself(tmp_path):
+    from bullet_trt.tools.bench.report import markdown_table
+    from bullet_trt.tools.bench.results import load_results
+    _fake_run(tmp_path, "bullet", 1.0, 0.05)
+    _fake_run(tmp_path, "bullet", 2.0, 0.05)
+    _fake_run(tmp_path, "chunked", 1.0, 0.05)
+    sized = "sized for this GPU (serve.sizing=engine keeps engine.yaml's values): serve.tpot_plan_fraction=1.0"
+    for path in tmp_path.glob("bullet__*.json"):
+        doc = json.loads(path.read_text())
+        doc["engine_notes"] = ["performance model: calibrated on NVIDIA H200", sized]
+        path.write_text(json.dumps(doc))
+    md = markdown_table(load_results(tmp_path))
+    # once per label, whatever its runs; a label whose server said nothing has no line
+    assert md.count(f"- bullet: performance model: calibrated on NVIDIA H200 / {sized}") == 1
+    assert "- chunked:" not in md
+
+
 def test_started_servers_plan_for_the_slos_the_run_is_scored_against():
     from bullet_trt.tools.bench import serve_bench
     parser = serve_bench.build_parser()

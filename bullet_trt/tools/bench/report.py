@@ -52,12 +52,27 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
                "-" if tail is None else f"{tail.served_tok_s:.0f} / {tail.offered_tok_s:.0f}"]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", capacity.markdown(capacity.capacities(scored))]
+    lines += _engine_notes_section(docs)
     notes = [(d["label"], d["dataset"], d["rate"], n) for d in docs for n in
              ([f"stopped early: {d['stopped_early']}"] if d.get("stopped_early") else []) + list(d.get("notes") or [])]
     if notes:
         lines += ["", "Notes:", ""]
         lines += [f"- {label} / {dset} / {rate:g} req/s: {n}" for label, dset, rate, n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _engine_notes_section(docs: list[dict]) -> list[str]:
+    """What each label's started servers said about themselves (bench serve --start-server):
+    the performance model they took and what they sized, which neither label nor overrides name."""
+    said: dict[str, list[str]] = {}
+    for d in docs:
+        for note in d.get("engine_notes") or []:
+            if note not in said.setdefault(d["label"], []):
+                said[d["label"]].append(note)
+    if not said:
+        return []
+    return ["", "Servers, in their own words at start:", ""] + [
+        f"- {label}: " + " / ".join(notes) for label, notes in sorted(said.items())]
 
 
 def rebuild_report(out_dir: Path, ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None,
