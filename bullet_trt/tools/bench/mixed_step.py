@@ -104,27 +104,29 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
         graphs.capture_all()
     cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size())
     rate = gemm_tflops(stream)
+
+    def eager_and_graphed(items: list[BatchItem]) -> tuple[float, float]:
+        session.piecewise = None
+        eager = time_ms(lambda: session.run(items), stream, repeats=10)
+        session.piecewise = graphs
+        return eager, time_ms(lambda: session.run(items), stream, repeats=10)
+
     rows, profiled = [], None
     for chunk, decode in steps:
         items = mixed_items(chunk, decode, ctx, state.block_size, vocab)
-        session.piecewise = None
-        eager = time_ms(lambda: session.run(items), stream, repeats=10)
+        eager, graphed = eager_and_graphed(items)
         if profile_first and profiled is None:
+            session.piecewise = None
             profiled = {"chunk": chunk, "decode_rows": decode,
                         **kernel_profile(lambda: session.run(items), stream)}
             print(json.dumps(profiled), flush=True)
-        session.piecewise = graphs
-        graphed = time_ms(lambda: session.run(items), stream, repeats=10)
         tflops = step_flops(cost, chunk, decode, ctx) / graphed / 1e9
         row = {"chunk": chunk, "decode_rows": decode, "eager_ms": round(eager, 3),
                "graphed_ms": round(graphed, 3), "eager_over_graphed": round(eager / graphed, 3),
                "graphed_TFLOPs": round(tflops, 1), "of_gemm_rate": round(tflops / rate, 3)}
         if repeated:
-            same = mixed_items(chunk, decode, ctx, state.block_size, vocab, repeated=True)
-            session.piecewise = None
-            row["eager_repeated_ms"] = round(time_ms(lambda: session.run(same), stream, repeats=10), 3)
-            session.piecewise = graphs
-            row["graphed_repeated_ms"] = round(time_ms(lambda: session.run(same), stream, repeats=10), 3)
+            same = eager_and_graphed(mixed_items(chunk, decode, ctx, state.block_size, vocab, repeated=True))
+            row["eager_repeated_ms"], row["graphed_repeated_ms"] = (round(ms, 3) for ms in same)
         rows.append(row)
         print(json.dumps(row), flush=True)
     result = {"gpu": torch.cuda.get_device_name(), "ctx": ctx, "gemm_TFLOPs": round(rate, 1), "steps": rows}
