@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from bullet_trt.model.default_tokenizer import write_default_tokenizer
+from bullet_trt.model.corpus_tokenizer import write_corpus_tokenizer
 
-VOCAB_SIZE = 2048  # the default tokenizer's
+VOCAB_SIZE = 2048  # the corpus tokenizer's
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 
 # Named test checkpoints: each stresses one feature of the model or the loader.
@@ -92,7 +92,7 @@ def make_checkpoint(out_dir: str | Path, family: str, dtype: torch.dtype = torch
                     sharded: bool = False, tie_word_embeddings: bool = False,
                     rope_scaling: dict | None = None, moe: dict | None = None, seed: int = 0,
                     config: dict | None = None) -> Path:
-    """Writes config.json, safetensors weights and the default tokenizer into out_dir.
+    """Writes config.json, safetensors weights and the corpus tokenizer into out_dir.
     config: fields of the transformers config that differ from the small defaults."""
     import transformers
 
@@ -103,7 +103,7 @@ def make_checkpoint(out_dir: str | Path, family: str, dtype: torch.dtype = torch
     _randomize(model, seed)
     model.to(dtype)
     model.save_pretrained(out, safe_serialization=True, max_shard_size="200KB" if sharded else "2GB")
-    write_default_tokenizer(out)
+    write_corpus_tokenizer(out)
     return out
 
 

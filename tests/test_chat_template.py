@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bullet_trt.model.chat_template import ChatTemplate, ChatTemplateError
-from bullet_trt.model.default_tokenizer import BOS, EOS, write_default_tokenizer
+from bullet_trt.model.corpus_tokenizer import BOS, EOS, write_corpus_tokenizer
 
 # Qwen2.5-Instruct's template (tool-call branches shortened; tojson and the default system
 # prompt kept).
@@ -107,7 +107,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 @pytest.fixture(scope="module")
 def tokenizer_files(tmp_path_factory) -> Path:
-    return write_default_tokenizer(tmp_path_factory.mktemp("tok"))
+    return write_corpus_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def checkpoint_with(tmp_path: Path, tokenizer_files: Path, chat_template) -> Path:

@@ -23,7 +23,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from bullet_trt.model.default_tokenizer import BOS
+from bullet_trt.model.corpus_tokenizer import BOS
 from bullet_trt.serving.openai import launch as openai_launch
 from bullet_trt.serving.triton.server import free_port
 from tests.polling import wait_for
@@ -162,7 +162,7 @@ def test_chat_renders_the_template_and_streams_the_same_text(client):
     assert whole.object == "chat.completion" and whole.choices[0].finish_reason == "length"
 
     # The same text as a completion of the prompt the template renders: the template is what
-    # reached the model. The embedded tokenizer adds BOS itself, so the front end keeps one.
+    # reached the model. The corpus tokenizer adds BOS itself, so the front end keeps one.
     rendered = "".join(f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content']}<|eot_id|>"
                        for m in MESSAGES) + "<|start_header_id|>assistant<|end_header_id|>\n\n"
     plain = client.completions.create(model=MODEL, prompt=rendered, max_tokens=20, temperature=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bullet_trt.model.default_tokenizer import write_default_tokenizer
+from bullet_trt.model.corpus_tokenizer import write_corpus_tokenizer
 from bullet_trt.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from bullet_trt.serving.stop_strings import StopStrings
 from bullet_trt.serving.text_stream import TextStream
@@ -12,7 +12,7 @@ from bullet_trt.serving.text_stream import TextStream
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory) -> Tokenizer:
-    return Tokenizer(write_default_tokenizer(tmp_path_factory.mktemp("tok")))
+    return Tokenizer(write_corpus_tokenizer(tmp_path_factory.mktemp("tok")))
 
 
 def byte_ids(tok: Tokenizer, text: str) -> list[int]:

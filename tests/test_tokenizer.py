@@ -1,4 +1,4 @@
-"""Tokenizer loading, streaming detokenization and the embedded default tokenizer."""
+"""Tokenizer loading, streaming detokenization and the corpus tokenizer of random-weight engines."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer, decoders, pre_tokenizers, trainers
 from tokenizers.models import BPE
 
-from bullet_trt.model.default_tokenizer import BOS, CORPUS, EOS, train_default_tokenizer, write_default_tokenizer
+from bullet_trt.model.corpus_tokenizer import BOS, CORPUS, EOS, train_corpus_tokenizer, write_corpus_tokenizer
 from bullet_trt.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 TEXTS = {
@@ -24,7 +24,7 @@ TEXTS = {
 
 @pytest.fixture(scope="module")
 def byte_level(tmp_path_factory) -> Tokenizer:
-    return Tokenizer(write_default_tokenizer(tmp_path_factory.mktemp("default")))
+    return Tokenizer(write_corpus_tokenizer(tmp_path_factory.mktemp("default")))
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_special_tokens_and_bos(byte_level, sentencepiece_like, tmp_path):
     assert spm_ids[1:] == sentencepiece_like.encode("hello", add_special_tokens=False)
     assert sentencepiece_like.eos_token_ids == [sentencepiece_like._tok.token_to_id("</s>")]
 
-    write_default_tokenizer(tmp_path)
+    write_corpus_tokenizer(tmp_path)
     cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(dict(cfg, add_bos_token=False)))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 1]}))
@@ -123,12 +123,12 @@ def test_missing_tokenizer_file_is_named(tmp_path):
         Tokenizer(tmp_path)
 
 
-def test_default_tokenizer_training_is_deterministic(tmp_path):
-    a = train_default_tokenizer().to_str()
-    assert train_default_tokenizer().to_str() == a
+def test_corpus_tokenizer_training_is_deterministic(tmp_path):
+    a = train_corpus_tokenizer().to_str()
+    assert train_corpus_tokenizer().to_str() == a
     # A fresh process has fresh hash seeds and thread pool: still byte-identical files.
-    write_default_tokenizer(tmp_path / "here")
-    code = "import sys; from bullet_trt.model.default_tokenizer import write_default_tokenizer as w; w(sys.argv[1])"
+    write_corpus_tokenizer(tmp_path / "here")
+    code = "import sys; from bullet_trt.model.corpus_tokenizer import write_corpus_tokenizer as w; w(sys.argv[1])"
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "there")], check=True,
                    env={"RAYON_NUM_THREADS": "2", "PYTHONPATH": str(CORPUS.parents[2])})
     here = (tmp_path / "here" / "tokenizer.json").read_bytes()

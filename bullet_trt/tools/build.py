@@ -107,7 +107,7 @@ def build_default_engine(out: Path = DEFAULT_ENGINE_DIR, force: bool = False,
 
 def build_tiny_random_engine(out: Path = TINY_RANDOM_ENGINE_DIR, seed: int = 0, force: bool = False) -> Path:
     """The tiny random model (bullet_trt/tools/tiny_random_model.py), for fast tests."""
-    from bullet_trt.model.default_tokenizer import write_default_tokenizer
+    from bullet_trt.model.corpus_tokenizer import write_corpus_tokenizer
 
     out = Path(out)
     if _built(out, trained=False) and not force:
@@ -117,7 +117,7 @@ def build_tiny_random_engine(out: Path = TINY_RANDOM_ENGINE_DIR, seed: int = 0, 
             return out
         ckpt = staging / "checkpoint"
         write_random_llama(ckpt, seed, TINY_HPARAMS)
-        write_default_tokenizer(ckpt, vocab_size=TINY_HPARAMS["vocab_size"])
+        write_corpus_tokenizer(ckpt, vocab_size=TINY_HPARAMS["vocab_size"])
         prefill, decode = default_profiles(max_model_len=1024)
         cfg = EngineConfig(checkpoint="checkpoint", tokenizer="checkpoint", dtype="auto", seed=seed,
                            untrained=True, description=UNTRAINED_NOTE.format(seed=seed),
@@ -148,10 +148,10 @@ def build_from_checkpoint(checkpoint: Path, out: Path, max_model_len: int | None
 
 def build_dummy_engine(arch_name: str, out: Path, max_model_len: int | None, seed: int) -> Path:
     """Random weights of a real architecture (made on the device at load time) and a
-    tokenizer whose vocabulary covers the model's: the default BPE plus filler tokens."""
+    tokenizer whose vocabulary covers the model's: the corpus BPE plus filler tokens."""
     from tokenizers import AddedToken, Tokenizer as HFTokenizer
 
-    from bullet_trt.model.default_tokenizer import write_default_tokenizer
+    from bullet_trt.model.corpus_tokenizer import write_corpus_tokenizer
 
     if arch_name not in PRESETS:
         raise ValueError(f"--arch must be one of {sorted(PRESETS)}, got {arch_name!r}")
@@ -159,7 +159,7 @@ def build_dummy_engine(arch_name: str, out: Path, max_model_len: int | None, see
     ckpt = out / "checkpoint"
     ckpt.mkdir(parents=True, exist_ok=True)
     (ckpt / "config.json").write_text(json.dumps(hp, indent=2) + "\n")
-    write_default_tokenizer(ckpt)
+    write_corpus_tokenizer(ckpt)
     tok = HFTokenizer.from_file(str(ckpt / "tokenizer.json"))
     filler = [AddedToken(f"<|filler_{i}|>", special=False, normalized=False)
               for i in range(tok.get_vocab_size(), hp["vocab_size"])]

@@ -1,7 +1,7 @@
 """The tiny random model (engines/tiny-random): a Llama-architecture checkpoint with RANDOM,
 UNTRAINED weights (deterministic from a seed), small enough that a server test answers in
 milliseconds per token on two CPU cores. Its text is gibberish; the tokenizer beside it
-(bullet_trt.model.default_tokenizer) is a real byte-level BPE. The default model is a trained
+(bullet_trt.model.corpus_tokenizer) is a real byte-level BPE. The default model is a trained
 one (bullet_trt.tools.default_model).
 """
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""The embedded default tokenizer: a small byte-level BPE trained on default_corpus.txt.
+"""The tokenizer of engines with random weights (the tiny test model, the dummy-weight presets):
+a small byte-level BPE trained on tokenizer_corpus.txt, shipped in the package.
 
-It lets tests and untrained demo engines run without downloading anything. Byte-level means
+It lets tests and benchmarks run without downloading anything (the default model brings its
+own tokenizer). Byte-level means
 every string round-trips, including emoji and CJK text the corpus barely covers.
 """
 from __future__ import annotations
@@ -11,10 +13,10 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
-CORPUS = Path(__file__).with_name("default_corpus.txt")
+CORPUS = Path(__file__).with_name("tokenizer_corpus.txt")
 
 
-def train_default_tokenizer(vocab_size: int = 2048) -> Tokenizer:
+def train_corpus_tokenizer(vocab_size: int = 2048) -> Tokenizer:
     # BpeTrainer breaks count ties by pair order, so its merges do not depend on thread count
     # or hash seeds (checked: identical files with RAYON_NUM_THREADS 1 and 2, and by a test).
     tok = Tokenizer(models.BPE())
@@ -31,11 +33,11 @@ def train_default_tokenizer(vocab_size: int = 2048) -> Tokenizer:
     return tok
 
 
-def write_default_tokenizer(out_dir: str | Path, vocab_size: int = 2048) -> Path:
+def write_corpus_tokenizer(out_dir: str | Path, vocab_size: int = 2048) -> Path:
     """Writes tokenizer.json and tokenizer_config.json into out_dir; returns out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train_default_tokenizer(vocab_size).save(str(out / "tokenizer.json"))
+    train_corpus_tokenizer(vocab_size).save(str(out / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS,
