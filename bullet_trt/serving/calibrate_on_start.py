@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bullet_trt.config import EngineConfig
 from bullet_trt.model.arch import ModelArch
-from bullet_trt.serving.device_sizing import (GRAPH_BUCKETS, MAX_DECODE_ROWS, sized_chunk, sized_mode,
+from bullet_trt.serving.device_sizing import (GRAPH_BUCKETS, MAX_DECODE_ROWS, served_chunk, sized_mode,
                                               sized_prefill_pieces)
 from bullet_trt.spatial.calibration_store import calibration_file, find_calibration
 
@@ -32,7 +32,7 @@ def calibration_overrides(cfg: EngineConfig) -> dict:
              "decode.cuda_graph_batch_sizes": list(GRAPH_BUCKETS)}
     mode = sized_mode(cfg)
     if cfg.serve.sizing == "auto" and mode != "chunked":
-        chunk = cfg.serve.chunk_size if "serve.chunk_size" in cfg.overridden else sized_chunk(cfg, mode)
+        chunk = served_chunk(cfg, mode)
         pieces = sized_prefill_pieces(cfg, ModelArch.from_checkpoint(cfg.checkpoint_path), mode, chunk)
         if pieces:
             sized["prefill.piecewise_graph_tokens"] = pieces

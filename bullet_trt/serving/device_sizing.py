@@ -135,6 +135,11 @@ def sized_chunk(cfg: EngineConfig, mode: str) -> int:
     return min(GPU_CHUNK_TOKENS[mode], cfg.prefill.max_num_batched_tokens)
 
 
+def served_chunk(cfg: EngineConfig, mode: str) -> int:
+    """The chunk a sized server of `mode` runs: the user's, else the sized one."""
+    return cfg.serve.chunk_size if "serve.chunk_size" in cfg.overridden else sized_chunk(cfg, mode)
+
+
 def sized_prefill_pieces(cfg: EngineConfig, arch: ModelArch, mode: str, chunk: int) -> list[int]:
     """The piecewise graphs' token buckets for the prefill steps of `mode` at `chunk`."""
     if mode == "chunked":
