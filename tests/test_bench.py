@@ -332,6 +332,19 @@ def test_a_run_cut_in_its_drain_counts_as_a_lower_bound_that_can_pass_but_not_fa
     assert alone.sustained is None and alone.first_miss == 2.0
 
 
+def test_a_cut_run_without_a_last_third_leaves_the_whole_runs_their_own_last_thirds():
+    """The whole runs decide a rate a lower bound fails, by their own figures: a cut run whose
+    last third was not scored must not take a whole run's last third with it."""
+    from bullet_trt.tools.bench import capacity
+
+    def doc(seed, stopped=None):
+        return {"label": "bullet", "dataset": "sharegpt", "rate": 2.0, "seed": seed, "stopped_early": stopped,
+                "requests": [{"sent_s": 0.0}]}
+    (cap,) = capacity.capacities([(doc(0), 0.95, 0.80), (doc(1, "interrupted"), 0.50, None)])
+    assert cap.lower_bounds == {2.0: 1} and cap.tail_attainment == {2.0: [0.80]}
+    assert cap.sustained is None and cap.first_miss == 2.0  # the whole run's last third misses
+
+
 def _queued_run(out_dir, label, first_token_at, seed=0, n=30, tokens=11):
     """n requests arriving 1 s apart, each streaming `tokens` tokens 0.1 s apart from the time
     first_token_at(i) gives request i."""

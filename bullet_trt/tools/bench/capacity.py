@@ -18,42 +18,58 @@ miss and stays in.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import mean
 
 DEFAULT_TARGET = 0.9
 
 
+@dataclass(frozen=True)
+class RunScore:
+    attainment: float  # fraction of the run's requests that met the SLO
+    tail: float | None  # the same over its last third of arrivals, where scored
+    drain_cut: bool = False  # interrupted after sending everything: a lower bound
+
+
 @dataclass
 class Capacity:
     label: str
     dataset: str
-    # rate -> attainment of each repeat (fractions), over the whole run and its last third
-    attainment: dict[float, list[float]] = field(default_factory=dict)
-    tail_attainment: dict[float, list[float]] = field(default_factory=dict)
+    # rate -> its runs, whole ones first, then those whose drain was cut
+    runs: dict[float, list[RunScore]] = field(default_factory=dict)
     sustained: float | None = None  # None: not even the lowest measured rate meets the target
     first_miss: float | None = None  # None: no measured rate misses it
-    # rate -> how many of its runs had their drain cut (their attainments are lower bounds,
-    # listed after the whole runs' in attainment and tail_attainment)
-    lower_bounds: dict[float, int] = field(default_factory=dict)
+
+    @property
+    def attainment(self) -> dict[float, list[float]]:
+        """rate -> attainment of each run (fractions)."""
+        return {r: [run.attainment for run in runs] for r, runs in self.runs.items()}
+
+    @property
+    def tail_attainment(self) -> dict[float, list[float]]:
+        """rate -> attainment over each run's last third of arrivals, where scored."""
+        tails = {r: [run.tail for run in runs if run.tail is not None] for r, runs in self.runs.items()}
+        return {r: t for r, t in tails.items() if t}
+
+    @property
+    def lower_bounds(self) -> dict[float, int]:
+        """rate -> how many of its runs had their drain cut."""
+        cut = {r: sum(run.drain_cut for run in runs) for r, runs in self.runs.items()}
+        return {r: n for r, n in cut.items() if n}
 
     def mean_attainment(self, rate: float) -> float:
-        return mean(self.attainment[rate])
+        return mean(run.attainment for run in self.runs[rate])
 
     def meets(self, rate: float, target: float) -> bool:
-        if _meets(self.attainment[rate], self.tail_attainment.get(rate) or [], target):
-            return True
-        cut = self.lower_bounds.get(rate, 0)
-        if not cut:
-            return False
-        whole = self.attainment[rate][:-cut]
-        whole_tail = (self.tail_attainment.get(rate) or [])[:-cut]
-        return bool(whole) and _meets(whole, whole_tail, target)
+        runs = self.runs[rate]
+        whole = [run for run in runs if not run.drain_cut]
+        # a lower bound that passes, passes; one that fails leaves the rate to its whole runs
+        return _meets(runs, target) or (len(whole) < len(runs) and bool(whole) and _meets(whole, target))
 
 
-def _meets(attainment: list[float], tail: list[float], target: float) -> bool:
-    return mean(attainment) >= target and (not tail or mean(tail) >= target)
+def _meets(runs: list[RunScore], target: float) -> bool:
+    tails = [run.tail for run in runs if run.tail is not None]
+    return mean(run.attainment for run in runs) >= target and (not tails or mean(tails) >= target)
 
 
 def whole_run(doc: dict) -> bool:
@@ -72,25 +88,14 @@ def capacities(scored: list[tuple[dict, float, float | None]], target: float = D
     """One Capacity per (dataset, label) from (result JSON, its SLO attainment, that of its
     last third of arrivals or None) triples."""
     groups: dict[tuple[str, str], Capacity] = {}
-    by_rate: dict[tuple[str, str], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    tail_by_rate: dict[tuple[str, str], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    cut_by_rate: dict[tuple[str, str], dict[float, int]] = defaultdict(lambda: defaultdict(int))
-    # whole runs first, then those whose drain was cut: Capacity.meets reads the lower bounds
-    # as the last entries of each rate's lists
+    # whole runs first, then those whose drain was cut (the report lists them in that order)
     ordered = [r for r in scored if whole_run(r[0])] + [r for r in scored if drain_cut(r[0])]
     for doc, att, tail in ordered:
-        key = (doc["dataset"], doc["label"])
-        groups.setdefault(key, Capacity(doc["label"], doc["dataset"]))
-        by_rate[key][float(doc["rate"])].append(att)
-        if tail is not None:
-            tail_by_rate[key][float(doc["rate"])].append(tail)
-        if not whole_run(doc):
-            cut_by_rate[key][float(doc["rate"])] += 1
-    for key, cap in groups.items():
-        cap.attainment = {r: by_rate[key][r] for r in sorted(by_rate[key])}
-        cap.tail_attainment = {r: tail_by_rate[key][r] for r in cap.attainment if tail_by_rate[key][r]}
-        cap.lower_bounds = {r: n for r, n in cut_by_rate[key].items() if n}
-        for rate in cap.attainment:
+        cap = groups.setdefault((doc["dataset"], doc["label"]), Capacity(doc["label"], doc["dataset"]))
+        cap.runs.setdefault(float(doc["rate"]), []).append(RunScore(att, tail, not whole_run(doc)))
+    for cap in groups.values():
+        cap.runs = dict(sorted(cap.runs.items()))
+        for rate in cap.runs:
             if cap.meets(rate, target):
                 cap.sustained = rate
             else:
@@ -126,9 +131,10 @@ def markdown(caps: list[Capacity], target: float = DEFAULT_TARGET) -> str:
         ratio = "-"
         if base is not None and base.sustained and c.sustained and base is not c:
             ratio = f"{c.sustained / base.sustained:.2f}x {ratio_bracket(c, base)} {base.label}"
+        cut = c.lower_bounds
         per_rate = "; ".join(
             f"{r:g}: {mean(v):.1%}" + (f" [{min(v):.0%}-{max(v):.0%}] n={len(v)}" if len(v) > 1 else "")
-            + (f" ({c.lower_bounds[r]} of them cut in their drain: a lower bound)" if c.lower_bounds.get(r) else "")
+            + (f" ({cut[r]} of them cut in their drain: a lower bound)" if cut.get(r) else "")
             for r, v in c.attainment.items())
         tail = "; ".join(f"{r:g}: {mean(v):.1%}" for r, v in c.tail_attainment.items()) or "-"
         lines.append(f"| {c.dataset} | {c.label} | {'-' if c.sustained is None else f'{c.sustained:g}'} | "
