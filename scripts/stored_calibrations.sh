@@ -12,6 +12,7 @@ data="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/docs/data"
 for gpu in h200:nvidia-h200 h100:nvidia-h100-80gb-hbm3; do
   stored=$data/perf_model_${gpu%%:*}_$arch.yaml
   if [ -f "$stored" ] && [ ! -f "$engine/perf_model.${gpu#*:}.yaml" ]; then
-    cp "$stored" "$engine/perf_model.${gpu#*:}.yaml"
+    # copied then renamed: lists on other GPUs may be starting servers on this engine directory
+    cp "$stored" "$engine/.perf_model.$$.tmp" && mv -f "$engine/.perf_model.$$.tmp" "$engine/perf_model.${gpu#*:}.yaml"
   fi
 done
