@@ -645,6 +645,25 @@ def test_a_rate_is_decided_once_its_mean_attainment_cannot_reach_the_target():
     assert rate_failed([1.0, 1.0, 0.6], 0, 0.9) and not rate_failed([1.0, 1.0, 0.7], 0, 0.9)
 
 
+def test_seeds_measured_elsewhere_count_as_runs_to_come():
+    """One seed per GPU: a sweep of seeds 100-101 whose seed 102 runs on another GPU decides
+    over three runs. Told only of its own two, a second run after 87.5% would stop at its
+    9th miss in 100, which the third seed could have made up."""
+    from bullet_trt.tools.bench.decided import misses_that_decide, runs_to_come
+    keys = [("sharegpt", 16), ("sharegpt", 16), ("sharegpt", 18)]
+    assert runs_to_come(keys, 0, 0) == 1 and runs_to_come(keys, 1, 0) == 0
+    assert runs_to_come(keys, 1, 1) == 1 and runs_to_come(keys, 2, 2) == 2
+    assert misses_that_decide(100, [0.875], runs_to_come(keys, 1, 0), 0.9) == 8
+    assert misses_that_decide(100, [0.875], runs_to_come(keys, 1, 1), 0.9) == 18
+
+
+def test_decide_over_fewer_runs_than_the_sweep_repeats_is_refused(capsys):
+    from bullet_trt.tools.bench import serve_bench
+    with pytest.raises(SystemExit, match="--decide-over must be >= --repeats \\(3\\), got 2"):
+        serve_bench.main(["--dataset", "sharegpt", "--rates", "4", "--repeats", "3", "--decide-over", "2",
+                          "--stop-when-decided", "--no-progress", "--out", "unused"])
+
+
 def test_a_sweep_stops_a_decided_rate_and_skips_what_it_cannot_change(server, tmp_path, capsys):
     """Every request misses a 1 us TTFT SLO: the first run stops once 30% of its requests
     have missed (the other two repeats could not lift the mean to 90%), and neither the

@@ -11,6 +11,11 @@ rate's remaining repeats and every higher rate (a sustained rate needs every low
 meet the target, bullet_trt/tools/bench/capacity.py). TPOT misses are known only when a
 request ends and are not counted, so a run is never stopped before its rate has failed.
 
+A protocol's seeds may run in separate sweeps, one per GPU at the same time (`--decide-over`):
+each sweep then counts the seeds measured elsewhere as runs still to come that meet the SLO
+for every request, the most they could add, so that no sweep stops a run that the protocol's
+mean could still carry.
+
 A protocol of three seeds x 120 s spent most of its device time on rates above capacity,
 measuring how a growing queue drains; this keeps the time for the rates that decide.
 """
@@ -39,3 +44,9 @@ def rate_failed(finished: list[float], left: int, target: float) -> bool:
     """True when the repeats measured so far keep the rate's mean below the target even if
     every repeat left meets the SLO for all its requests."""
     return (sum(finished) + left) / (len(finished) + left) < target - _SLACK
+
+
+def runs_to_come(keys: list, n: int, elsewhere: int) -> int:
+    """The runs of run ``n``'s key (dataset, rate) not yet measured: those after it in this
+    sweep and ``elsewhere``, the protocol's seeds that other sweeps measure."""
+    return sum(1 for key in keys[n + 1:] if key == keys[n]) + elsewhere

@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "repeats, and skip that rate's other repeats and every higher rate "
                         "(bullet_trt/tools/bench/decided.py): the sustained rate comes out the same, "
                         "in less time")
+    c.add_argument("--decide-over", type=int, default=None, metavar="N",
+                   help="with --stop-when-decided: the runs a rate's mean is taken over, when only "
+                        "--repeats of them run in this sweep and the rest elsewhere (one seed per GPU: "
+                        "--seed 101 --repeats 1 --decide-over 3); those count as meeting the SLO "
+                        "(default: --repeats)")
     c.add_argument("--timeout-s", type=float, default=0.0,
                    help="bound on one run (default: last arrival + drain timeout + 60 s)")
     c.add_argument("--time-budget-s", type=float, default=0.0,
@@ -159,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in pngs:
             print(f"wrote {p}")
         return 0
+    if args.decide_over is not None and args.decide_over < args.repeats:
+        raise SystemExit(f"bullet-trt bench serve: --decide-over must be >= --repeats ({args.repeats}), "
+                         f"got {args.decide_over}")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.start_server and not args.engine_dir:

@@ -8,7 +8,7 @@ from pathlib import Path
 from bullet_trt.spatial.gpu_monitor import TelemetrySampler
 from bullet_trt.tools.bench import datasets as ds
 from bullet_trt.tools.bench.capacity import DEFAULT_TARGET
-from bullet_trt.tools.bench.decided import misses_that_decide, rate_failed
+from bullet_trt.tools.bench.decided import misses_that_decide, rate_failed, runs_to_come
 from bullet_trt.tools.bench.loadgen import LoadGenerator, LoadGenOptions
 from bullet_trt.tools.bench.progress import ProgressPrinter
 from bullet_trt.tools.bench.report import format_row, rebuild_report
@@ -54,11 +54,14 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
     budget = RunBudget(getattr(args, "time_budget_s", 0.0), getattr(args, "started_at", None))
     attained: dict[tuple, list[float]] = {}  # (dataset, rate) -> attainment of each run so far
     failed_rates: dict[object, float] = {}  # dataset -> the lowest rate decided to fail
+    keys = [(w.dataset, w.rate) for w in workloads]
+    repeats = getattr(args, "repeats", 1)
+    elsewhere = max(0, (getattr(args, "decide_over", None) or repeats) - repeats)
     for n, w in enumerate(workloads):
         rate_text = f"{w.rate:g} req/s" + (f" seed {w.seed}" if w.seed else "")
         key = (w.dataset, w.rate)
         finished = attained.setdefault(key, [])
-        left = sum(1 for x in workloads[n + 1:] if (x.dataset, x.rate) == key)
+        left = runs_to_come(keys, n, elsewhere)
         give_up = misses_that_decide(len(w.requests), finished, left, DEFAULT_TARGET) if decide else None
         if decide and (give_up == 0 or w.rate > failed_rates.get(w.dataset, float("inf"))):
             print(f"{label} {dataset_name(w.dataset)} {rate_text}: skipped, the sweep has decided that "

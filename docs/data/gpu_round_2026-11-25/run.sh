@@ -18,7 +18,9 @@
 #            90% stops its run and skips its other seeds and the higher rates, so a failing rate
 #            costs about one minute instead of three runs and their drains (runs of 2026-11-25
 #            before it: one (mode, rate) per device call). DURATION=60 REPEATS=1 makes it a quick
-#            one-seed sweep that finds where a mode's edge lies before the protocol confirms it
+#            one-seed sweep that finds where a mode's edge lies before the protocol confirms it.
+#            A protocol's seeds spread over GPUs (scripts/gpu_lists.sh, e.g. SEED=101 REPEATS=1 on
+#            one GPU) take DECIDE_OVER=3, so that each decides over all three seeds
 #   moe      the protocol of `protocol` on the dummy-weight Qwen3-30B-A3B (built first where
 #            ${MOE_ENGINE:-$GPU_RUN_DIR/engines/qwen3-30b-a3b} lacks it; weights are made on the
 #            GPU at start): $MODE at $RATE, three seeds x 120 s, --stop-when-decided; one H200
@@ -31,8 +33,8 @@
 #   overlap  bullet at $RATE with the iteration log (GPU-clock stamps), prefill starting at once
 #            and waiting for decode's move (serve.prefill_waits_for_split), then `bench overlap`;
 #            its two runs need ~9 minutes, so run it where an earlier stage built the engine
-#   pair     two `protocol` stages side by side on a machine of two GPUs, one per GPU
-#            (CUDA_VISIBLE_DEVICES=0 and 1, outputs in $OUT/gpu0 and $OUT/gpu1): $PAIR holds
+#   pair     `protocol` stages side by side on a machine of several GPUs, one per GPU
+#            (CUDA_VISIBLE_DEVICES=0, 1, ..., outputs in $OUT/gpu0, $OUT/gpu1, ...): $PAIR holds
 #            "MODE:CHUNK:RATE[:SETS] MODE:CHUNK:RATE[:SETS]" (RATE as in protocol, commas
 #            allowed; SETS: that stage's $SETS, comma-separated), e.g. one mode with and
 #            without an override at the same rate; each
@@ -85,7 +87,8 @@ repeated() {  # repeated LABEL: $MODE at ascending $RATE, ${REPEATS:-3} seeds x 
   [ -z "${LIMIT:-}" ] && [ -n "${DEADLINE:-}" ] && limit=$((DEADLINE - $(date +%s) - 10))
   [ "$limit" -gt 30 ] || { echo "run.sh: $((limit)) s left before DEADLINE: $1 not started"; return; }
   serve "$1-${CHUNK:-2048}$SLO_TAG$set_tag" "$limit" --modes "$MODE" --rates "${RATE:?}" $G $graphs $sets \
-    --duration "${DURATION:-120}" --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided
+    --duration "${DURATION:-120}" --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided \
+    ${DECIDE_OVER:+--decide-over "$DECIDE_OVER"}
   pack
 }
 [ "$stage" = calib ] || bash scripts/stored_calibrations.sh "$ENGINE"  # calib measures this GPU, which a stored file stops (run it first)
