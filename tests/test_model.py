@@ -304,6 +304,14 @@ def test_resolve_dtype():
     assert resolve_dtype(arch, "auto", "cpu") == torch.float32
     assert resolve_dtype(arch, "auto", "cuda") == torch.bfloat16
     assert resolve_dtype(arch, "float16", "cpu") == torch.float16
+    # a float32 checkpoint (the default model's, the tests' random ones) serves in half
+    # precision on a GPU unless asked otherwise; a float16 one keeps its dtype
+    fp32 = ModelArch.from_hf_dict(base_config(torch_dtype="float32"))
+    fp16 = ModelArch.from_hf_dict(base_config(torch_dtype="float16"))
+    assert fp32.torch_dtype == torch.float32 and resolve_dtype(fp32, "auto", "cuda") == torch.bfloat16
+    assert resolve_dtype(fp32, "float32", "cuda") == torch.float32
+    assert resolve_dtype(fp16, "auto", "cuda") == torch.float16
+    assert resolve_dtype(fp32, "auto", "cpu") == torch.float32
     with pytest.raises(ValueError, match="fp8"):
         resolve_dtype(arch, "fp8", "cpu")
 
