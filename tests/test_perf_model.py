@@ -5,6 +5,7 @@ import random
 from dataclasses import replace
 
 import pytest
+import yaml
 
 from bullet_trt.spatial.perf_model import (ModelCost, PerfModel, PrefillShape, ProfilePoint,
                                              RooflineCoeffs, fit, median_abs_pct_error, predict_point)
@@ -60,7 +61,7 @@ def test_online_correction_tracks_a_slower_gpu(tmp_path):
     assert m.decode_ms(32, 32 * 1024, 64) == pytest.approx(1.5 * base, rel=0.02)
     assert m.correction["prefill"] == 1.0
     m.save(tmp_path / "pm.yaml")
-    assert PerfModel.load(tmp_path / "pm.yaml", COST).coeffs == TRUE
+    assert PerfModel.from_saved(yaml.safe_load((tmp_path / "pm.yaml").read_text()), COST).coeffs == TRUE
 
 
 def test_each_sm_count_learns_its_own_correction():

@@ -210,8 +210,10 @@ class SpatialEngine:
     def _step(self) -> list[RequestOutput]:
         outputs = self._apply_aborts()
         # A prefill on the partition, and prompts riding in decode's steps (serve.fuse_prefill),
-        # which may start while the partition's runs
-        if len(self.fused) < FUSED_IN_FLIGHT and (self.prefilling is None or self.cfg.serve.fuse_prefill != "never"):
+        # which may start while the partition's runs; the static policy never fuses, so in
+        # static mode nothing can start beside a prefill and no decision is asked for
+        may_fuse = self.cfg.serve.fuse_prefill != "never" and not self._static_split()
+        if len(self.fused) < FUSED_IN_FLIGHT and (self.prefilling is None or may_fuse):
             self._launch_prefill()
         self._send_decode_update()
         if self.prefilling is None and not self.fused and not self.rows:
@@ -338,9 +340,13 @@ class SpatialEngine:
             fuse=s.fuse_prefill, fuse_tokens=s.chunk_size,
             hold_ms=s.prefill_hold_fraction * self.slo.ttft_ms, batch_tokens=s.prefill_batch_tokens,
             beside_prefill_sms=None if self.prefilling is None else self.prefilling.split.decode_sms)
-        if s.mode == "static" and self.splits:
+        if self._static_split():
             return static_policy(state, self.slo, self.perf, self.splits[0])
         return bullet_policy(state, self.slo, self.perf)
+
+    def _static_split(self) -> bool:
+        """Whether the static policy decides (static mode with a split to hold)."""
+        return self.cfg.serve.mode == "static" and bool(self.splits)
 
     def _launch_prefill(self) -> None:
         q = self.queues

@@ -267,10 +267,6 @@ class PerfModel:
         Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
 
     @staticmethod
-    def load(path: str | Path, cost: ModelCost) -> "PerfModel":
-        return PerfModel.from_saved(yaml.safe_load(Path(path).read_text()), cost)
-
-    @staticmethod
     def from_saved(data: dict, cost: ModelCost) -> "PerfModel":
         """The model of a saved file's contents (`save`)."""
         return PerfModel(cost, RooflineCoeffs(**data["coeffs"]))
