@@ -902,3 +902,38 @@ def test_the_goodput_plot_leaves_out_runs_stopped_before_their_end():
     rates, attainment = per_rate(runs, scored, "slo_attainment", 100.0)
     assert rates == [24.0, 28.0, 32.0] and attainment == [[100.0], [pytest.approx(99.9)], [pytest.approx(68.6)]]
     assert per_rate(runs, scored, "goodput") == ([24.0, 28.0], [[15.5], [17.8]])
+
+
+def test_bench_misses_splits_a_runs_misses_by_cause_and_output_length(tmp_path, capsys):
+    """One 0.4 s gap among 0.1 s ones: over 2 gaps (3 tokens) it lifts TPOT past a 0.15 s SLO,
+    over 20 (21 tokens) it does not. Late first tokens and an unfinished request count apart."""
+    from bullet_trt.tools.bench.cli import main as bench_main
+    from bullet_trt.tools.bench.misses import misses_by_output_length
+    from bullet_trt.tools.bench.results import write_result
+
+    def tokens_at(first, n):  # n tokens from `first`, the second one 0.4 s after the first
+        return [first] + [first + 0.4 + 0.1 * k for k in range(n - 1)]
+    records = [rec(i, float(i), tokens_at(i + 0.1, 3)) for i in range(4)]  # short, TPOT 0.25
+    records += [rec(4 + i, 4.0 + i, tokens_at(4.0 + i + 0.1, 21)) for i in range(4)]  # long, TPOT 0.115
+    records += [rec(8, 8.0, tokens_at(10.0, 21))]  # long, first token 2 s late
+    records += [rec(9, 9.0, [9.1, 9.2], finished=False)]  # unfinished after 2 of its 21 tokens
+    w = ds.build_workload("sharegpt", 1.0, len(records), seed=0, prompts=False)
+    doc = write_result(tmp_path, label="mixed", dataset="sharegpt", rate=1.0, seed=0, backend="test",
+                       records=records, workload=w, ttft_slo_ms=1000.0, tpot_slo_ms=150.0)[1]
+    for r, max_tokens in zip(doc["requests"], [3] * 4 + [21] * 6):
+        r["max_tokens"] = max_tokens
+    short, long_ = misses_by_output_length(doc, (1, 10))
+    assert (short.requests, short.unfinished, short.ttft_missed, short.tpot_missed) == (4, 0, 0, 4)
+    assert (long_.requests, long_.unfinished, long_.ttft_missed, long_.tpot_missed) == (6, 1, 1, 0)
+    assert short.tpot_p50_ms == pytest.approx(250.0) and long_.longest_gap_p50_ms == pytest.approx(400.0)
+    # the buckets' misses are the run's: 4 of 10 requests met the SLO
+    met = sum(b.requests * b.attainment for b in (short, long_))
+    assert met == pytest.approx(4) and doc["summary"]["slo_attainment"] == pytest.approx(0.4)
+    path = tmp_path / "mixed__sharegpt__rate1.json"
+    path.write_text(json.dumps(doc))
+    assert bench_main(["misses", str(path), "--edges", "1,10"]) == 0
+    out = capsys.readouterr().out
+    assert "| 1-9 | 4 | 0 | 0 | 4 | 0.0% | 250.0 / 250.0 | 400.0 |" in out
+    assert "| 10+ | 6 | 1 | 1 | 0 | 66.7% |" in out
+    with pytest.raises(SystemExit, match="--edges must be integers"):
+        bench_main(["misses", str(path), "--edges", "1,ten"])

@@ -4,7 +4,8 @@ generator against a running server), hf-peer (transformers' continuous batching 
 workload), decode-profile (where a decode step's time goes), overlap (how disjoint prefill and
 decode were, from an iteration log), tp (the all-reduce and the decode step over N GPUs),
 mixed-step (chunked mode's mixed step, eager against piecewise CUDA graphs), steady (whether
-serving runs kept up with their arrivals, window by window)."""
+serving runs kept up with their arrivals, window by window), misses (a run's SLO misses by
+cause and output length)."""
 from __future__ import annotations
 
 import importlib
@@ -20,6 +21,7 @@ KINDS = {
     "tp": "bullet_trt.tools.bench.tp_bench",
     "mixed-step": "bullet_trt.tools.bench.mixed_step",
     "steady": "bullet_trt.tools.bench.steady_state",
+    "misses": "bullet_trt.tools.bench.misses",
 }
 
 
