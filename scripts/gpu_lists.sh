@@ -1,27 +1,44 @@
 #!/usr/bin/env bash
-# Lists of GPU work side by side on a machine of several GPUs, one list per GPU:
+# GPU work side by side on a machine of several GPUs, one worker per GPU:
 #
 #   GPU_RUN_DIR=/tmp/gr bash scripts/gpu_lists.sh 'COMMANDS FOR GPU 0' 'COMMANDS FOR GPU 1' ...
+#   GPU_RUN_DIR=/tmp/gr DEADLINE=EPOCH_SECONDS bash scripts/gpu_lists.sh --queue JOBS [GPUS]
 #
-# List N is a bash command line run with CUDA_VISIBLE_DEVICES=N and OUT=$OUT/gpuN (its output
-# also in $OUT/gpuN/pair.log, and all of $OUT/gpuN packed into $OUT/gpuN.tar.gz at the end),
+# Lists: list N is a bash command line run with CUDA_VISIBLE_DEVICES=N and OUT=$OUT/gpuN,
 # typically `bash scripts/gpu_run.sh ...` calls, e.g. a GPU test and a bench on one GPU while
-# the others serve stages of a round's run.sh; there must be no more lists than GPUs. The
-# set-up they share is done once, first: the carried wheels' venv in $GPU_RUN_DIR (two
+# the others serve stages of a round's run.sh; no more lists than GPUs.
+# Queue: JOBS holds jobs, `SECONDS COMMAND` a line (scripts/job_queue.sh); each of GPUS
+# workers (default: every GPU) takes the first job that fits before DEADLINE, runs it on its
+# GPU like a list, and takes the next until none fits, so a GPU that finishes early takes
+# more. The jobs left over are printed and kept in $OUT/queue.left, to start the next call's
+# queue. Each command's output goes to $OUT/gpuN/pair.log too, and all of $OUT/gpuN into
+# $OUT/gpuN.tar.gz at the end.
+# The set-up they share is done once, first: the carried wheels' venv in $GPU_RUN_DIR (two
 # gpu_run.sh starting at once would both install it), the dummy-weight engines that
-# $PREBUILD names ("llama-3.1-8b qwen3-30b-a3b", default the first; two lists building one
-# engine directory at once would race) and one MPS daemon, which no list stops (a gpu_run.sh
-# stops only the daemon it started itself). Exit status: the first failing list's.
+# $PREBUILD names ("llama-3.1-8b qwen3-30b-a3b", default the first; two workers building one
+# engine directory at once would race) and one MPS daemon, which no worker stops (a
+# gpu_run.sh stops only the daemon it started itself). Exit status: the first failing
+# worker's.
 set -u -o pipefail
 [ $# -ge 1 ] || { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//;$d' >&2; exit 2; }
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-: "${GPU_RUN_DIR:?set GPU_RUN_DIR, the directory the lists share}"
+: "${GPU_RUN_DIR:?set GPU_RUN_DIR, the directory the workers share}"
 export GPU_RUN_DIR
 OUT=${OUT:-./out}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 
 gpus=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU')
-[ "$#" -le "$gpus" ] || { echo "gpu_lists: $# lists for $gpus GPUs" >&2; exit 2; }
+queue=""
+if [ "$1" = --queue ]; then
+  [ -f "${2:-}" ] || { echo "gpu_lists: --queue needs a jobs file, got '${2:-}'" >&2; exit 2; }
+  : "${DEADLINE:?set DEADLINE (epoch seconds): the workers take only the jobs that end before it}"
+  workers=${3:-$gpus}
+  queue=$OUT/queue
+  grep -v '^[[:space:]]*#' "$2" >"$queue"  # the workers take from a copy: the repository's file stays whole
+else
+  workers=$#
+fi
+[ "$workers" -le "$gpus" ] || { echo "gpu_lists: $workers workers for $gpus GPUs" >&2; exit 2; }
 mps_env=$(timeout 30 bash scripts/start_mps.sh) || { echo "gpu_lists: no MPS daemon" >&2; exit 1; }
 eval "$mps_env"
 trap 'KILL_MPS_TIMEOUT=10 timeout 15 bash scripts/kill_mps.sh >/dev/null 2>&1' EXIT
@@ -33,13 +50,25 @@ for arch in ${PREBUILD:-}; do
     python build_engines.py --dummy-weights --arch "$arch" --out "$dir" --max-model-len 4096 >/dev/null || exit 1
 done
 
+work() {  # work GPU [COMMAND]: the command, or the queue's jobs one after another
+  local gpu=$1 cmd rc=0
+  if [ -z "$queue" ]; then
+    bash -c "$2" || rc=$?
+    return $rc
+  fi
+  while cmd=$(bash scripts/job_queue.sh take "$queue" $((DEADLINE - $(date +%s)))); do
+    echo "== gpu_lists: GPU $gpu takes, $((DEADLINE - $(date +%s))) s before DEADLINE: $cmd"
+    bash -c "$cmd" || rc=$?
+  done
+  return $rc
+}
+
 pids=()
-lists=$#
-for ((gpu = 0; gpu < lists; gpu++)); do
+for ((gpu = 0; gpu < workers; gpu++)); do
   mkdir -p "$OUT/gpu$gpu"
-  CUDA_VISIBLE_DEVICES=$gpu OUT=$OUT/gpu$gpu bash -c "$1" >"$OUT/gpu$gpu/pair.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=$gpu OUT=$OUT/gpu$gpu work "$gpu" "${1:-}" >"$OUT/gpu$gpu/pair.log" 2>&1 &
   pids+=($!)
-  shift
+  [ -z "$queue" ] && shift
 done
 rc=0
 for pid in "${pids[@]}"; do
@@ -47,10 +76,15 @@ for pid in "${pids[@]}"; do
   status=$?
   [ $rc -eq 0 ] && rc=$status
 done
-for ((gpu = 0; gpu < lists; gpu++)); do echo "== gpu$gpu"; tail -n 40 "$OUT/gpu$gpu/pair.log"; done
+for ((gpu = 0; gpu < workers; gpu++)); do echo "== gpu$gpu"; tail -n 40 "$OUT/gpu$gpu/pair.log"; done
+if [ -n "$queue" ]; then
+  mv "$queue" "$OUT/queue.left" && rm -f "$queue.lock"
+  echo "== jobs left in the queue ($OUT/queue.left):"
+  grep -v '^[[:space:]]*$' "$OUT/queue.left" || echo "(none)"
+fi
 # one archive per GPU and none of the set-up's files: few files to copy back
 rm -rf "$OUT/setup"
-for ((gpu = 0; gpu < lists; gpu++)); do
+for ((gpu = 0; gpu < workers; gpu++)); do
   tar czf "$OUT/gpu$gpu.tar.gz" -C "$OUT" "gpu$gpu" && rm -rf "${OUT:?}/gpu$gpu"
 done
 exit $rc

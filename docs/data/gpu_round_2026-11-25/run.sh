@@ -1,7 +1,8 @@
 # One GPU round, in stages that each fit one device call (10 minutes) on a warm machine:
 #   bash scripts/gpu_run.sh run bash docs/data/gpu_round_2026-11-25/run.sh STAGE
 # with GPU_RUN_DIR=/tmp/gr exported so that the venv, the engine and its calibration outlive a
-# stage. Stages:
+# stage; on a machine of several GPUs, stages side by side with scripts/gpu_lists.sh (lists, or
+# a queue of jobs: jobs_h200.txt and jobs_h100.txt beside this file hold the open ones). Stages:
 #   check    bench mixed-step (run after `bash scripts/gpu_run.sh tests tests/gpu/test_piecewise_graphs_gpu.py
 #            tests/gpu/test_calibration_on_start.py`, whose tests need the machine's own interpreter)
 #   calib    the performance model of this GPU for the served decode profile (serve.calibrate's

@@ -1,0 +1,52 @@
+"""scripts/job_queue.sh: the queue that several GPUs' workers take jobs from
+(scripts/gpu_lists.sh --queue), run as real processes."""
+from __future__ import annotations
+
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "job_queue.sh"
+
+
+def take(queue: Path, seconds_left: int | str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), "take", str(queue), str(seconds_left)],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_a_worker_takes_the_first_job_that_fits_the_time_left(tmp_path):
+    queue = tmp_path / "jobs"
+    queue.write_text("# the protocol's seeds\n300 MODE=bullet SEED=100 run\n\n120 MODE=chunked RATE=34 run\n"
+                     "120 MODE=chunked RATE=36 run\n")
+    first = take(queue, 200)
+    assert first.returncode == 0 and first.stdout == "MODE=chunked RATE=34 run\n"
+    assert take(queue, 300).stdout == "MODE=bullet SEED=100 run\n"  # the first line fits now
+    assert take(queue, 100).returncode == 1  # 120 s do not fit in 100
+    assert take(queue, 120).stdout == "MODE=chunked RATE=36 run\n"
+    assert take(queue, 10_000).returncode == 1
+    assert "run" not in queue.read_text()  # every job taken, the comment and blank line left
+
+
+def test_workers_taking_at_once_never_get_the_same_job(tmp_path):
+    queue = tmp_path / "jobs"
+    jobs = [f"job {i}" for i in range(40)]
+    queue.write_text("".join(f"10 {j}\n" for j in jobs))
+
+    def drain(_):
+        got = []
+        while (r := take(queue, 600)).returncode == 0:
+            got.append(r.stdout.strip())
+        return got
+    with ThreadPoolExecutor(4) as pool:
+        taken = [job for got in pool.map(drain, range(4)) for job in got]
+    assert sorted(taken) == sorted(jobs)
+
+
+def test_a_malformed_queue_or_time_is_refused_by_name(tmp_path):
+    queue = tmp_path / "jobs"
+    queue.write_text("soon MODE=bullet run\n")
+    r = take(queue, 600)
+    assert r.returncode == 2 and "line 1 does not start with its seconds" in r.stderr
+    r = take(queue, "ten")
+    assert r.returncode == 2 and "SECONDS_LEFT must be an integer, got 'ten'" in r.stderr
+    assert take(tmp_path / "none", 600).returncode == 2
