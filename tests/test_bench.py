@@ -933,7 +933,13 @@ def test_bench_misses_splits_a_runs_misses_by_cause_and_output_length(tmp_path, 
     path.write_text(json.dumps(doc))
     assert bench_main(["misses", str(path), "--edges", "1,10"]) == 0
     out = capsys.readouterr().out
-    assert "| 1-9 | 4 | 0 | 0 | 4 | 0.0% | 250.0 / 250.0 | 400.0 |" in out
+    assert "| 1-9 | 4 | 0 | 0 | 4 | 0.0% | 250.0 / 250.0 | 400.0 | - / - |" in out
     assert "| 10+ | 6 | 1 | 1 | 0 | 66.7% |" in out
     with pytest.raises(SystemExit, match="--edges must be integers"):
         bench_main(["misses", str(path), "--edges", "1,ten"])
+    # with the token times stored, the first gap (the new row's wait for decode) stands apart
+    timed = write_result(tmp_path / "timed", label="mixed", dataset="sharegpt", rate=1.0, seed=0, backend="test",
+                         records=records, workload=w, ttft_slo_ms=1000.0, tpot_slo_ms=150.0, token_times=True)[1]
+    short, long_ = misses_by_output_length(timed, (1, 10))
+    assert short.first_gap_p50_ms == pytest.approx(400.0) and short.later_gap_p50_ms == pytest.approx(100.0)
+    assert long_.first_gap_p50_ms == pytest.approx(400.0) and long_.later_gap_p50_ms == pytest.approx(100.0)

@@ -12,6 +12,9 @@ prints, per run and per bucket of output tokens (edges: each bucket's lowest cou
 open above), the requests, those that failed or did not finish, those whose first token came
 after the TTFT SLO, those that met TTFT but averaged over the TPOT SLO, the attainment, the
 bucket's TPOT median and p99, and the median of each request's longest gap between tokens.
+Runs measured with `bench serve --token-times` also give the median of the first gap (first
+token to second: in bullet's disaggregated decode, the wait for a decode step to take the new
+row in, then that step) against the median of the later gaps.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
+from bullet_trt.tools.bench.metrics import RequestRecord
 from bullet_trt.tools.bench.results import load_result
 
 DEFAULT_EDGES = (1, 10, 20, 40, 100)
@@ -35,6 +39,8 @@ class BucketMisses:
     tpot_p50_ms: float | None
     tpot_p99_ms: float | None
     longest_gap_p50_ms: float | None
+    first_gap_p50_ms: float | None = None  # only with the run's token times
+    later_gap_p50_ms: float | None = None
 
     @property
     def attainment(self) -> float:
@@ -67,12 +73,15 @@ def misses_by_output_length(doc: dict, edges: tuple[int, ...] = DEFAULT_EDGES) -
         in_time = [r for r in done if r["ttft_s"] <= ttft_slo_s]
         tpots = [r["tpot_s"] for r in done if r.get("tpot_s") is not None]
         gaps = [r["itl_max_s"] for r in done if r.get("itl_max_s") is not None]
+        itls = [RequestRecord.from_json(r).itls for r in done if r.get("chunk_times")]
         buckets.append(BucketMisses(
             low=low, high=high, requests=len(reqs), unfinished=len(reqs) - len(done),
             ttft_missed=len(done) - len(in_time),
             tpot_missed=sum(1 for r in in_time if (r.get("tpot_s") or 0.0) > tpot_slo_s),
             tpot_p50_ms=_quantile_ms(tpots, 0.5), tpot_p99_ms=_quantile_ms(tpots, 0.99),
-            longest_gap_p50_ms=_quantile_ms(gaps, 0.5)))
+            longest_gap_p50_ms=_quantile_ms(gaps, 0.5),
+            first_gap_p50_ms=_quantile_ms([g[0] for g in itls if g], 0.5),
+            later_gap_p50_ms=_quantile_ms([x for g in itls for x in g[1:]], 0.5)))
     return buckets
 
 
@@ -88,12 +97,13 @@ def format_misses(doc: dict, buckets: list[BucketMisses]) -> str:
     head = (f"{doc.get('label', '?')} {doc.get('dataset', '?')} {doc.get('rate', '?')} req/s "
             f"seed {doc.get('seed', '?')} (TTFT <= {doc['slo']['ttft_ms']:g} ms, TPOT <= {doc['slo']['tpot_ms']:g} ms)")
     rows = ["| output tokens | requests | failed or unfinished | TTFT missed | TPOT missed | attainment "
-            "| TPOT p50 / p99 (ms) | longest gap p50 (ms) |", "|---|---|---|---|---|---|---|---|"]
+            "| TPOT p50 / p99 (ms) | longest gap p50 (ms) | first / later gaps p50 (ms) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for b in buckets:
         if b.requests:
             rows.append(f"| {b.label} | {b.requests} | {b.unfinished} | {b.ttft_missed} | {b.tpot_missed} | "
                         f"{100 * b.attainment:.1f}% | {_ms(b.tpot_p50_ms)} / {_ms(b.tpot_p99_ms)} | "
-                        f"{_ms(b.longest_gap_p50_ms)} |")
+                        f"{_ms(b.longest_gap_p50_ms)} | {_ms(b.first_gap_p50_ms)} / {_ms(b.later_gap_p50_ms)} |")
     return "\n".join([head, "", *rows])
 
 

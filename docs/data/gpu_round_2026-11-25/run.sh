@@ -45,6 +45,8 @@
 # (epoch seconds, e.g. DEADLINE=$(( $(date +%s) + 580 )) exported at the start of a device
 # call) gives each stage what is left of the call, so stages run one after another on a GPU
 # share one call's time and a fresh machine's set-up is taken off the first.
+# TOKEN_TIMES=1 keeps every response's time in the results (`bench serve --token-times`), for
+# the first gap between tokens that `bullet-trt bench misses` sets apart.
 # $SETS ("key=value ..."): engine overrides for the protocol, moe and pair stages' servers,
 # each named in the runs' label, e.g. SETS="serve.tpot_plan_fraction=1.0".
 # Every stage serves $DATASET (default sharegpt; azure-conv, azure-code) at TTFT <= $TTFT_SLO ms
@@ -69,7 +71,7 @@ serve() {  # serve LABEL TIMEOUT ARGS...
   shift 2
   # the budget leaves the server's stop inside the timeout; a run that would not end in it is not started
   timeout "$limit" python -m bullet_trt.tools.cli bench serve $COMMON --label "$label" --out "$OUT/serve" \
-    --time-budget-s $((limit - 20)) "$@" 2>&1 \
+    --time-budget-s $((limit - 20)) ${TOKEN_TIMES:+--token-times} "$@" 2>&1 \
     | grep -a -E "req/s|sized for|performance model|Error|error|budget" | tail -8
 }
 pack() {  # a second stage of the same name in one $OUT gets its own archive, not the first's
