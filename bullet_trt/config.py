@@ -107,6 +107,11 @@ class ServeConfig:
     # 0.85 stays the default: where nearly every step runs beside a prefill (long prompts,
     # short outputs) the mean approaches the bound, and that case was not measured above 0.85.
     tpot_plan_fraction: float = 0.85
+    # bullet: decode's step beside a prefill is also kept within the longest step its rows'
+    # TPOT can still afford, each row's length taken from its max_tokens
+    # (bullet_trt/spatial/row_pace.py): a request of few tokens averages few steps, and one
+    # long step decides it. Off by default until measured on a GPU.
+    row_tpot_budget: bool = False
     iteration_log: str = ""  # JSONL path; empty disables the per-iteration record
     # Overload shedding: a request that finds this many requests, or this many prompt tokens,
     # waiting in the engine (admitted, not yet scheduled) is refused at once with a retryable
@@ -249,7 +254,11 @@ def _build(cls, data: dict[str, Any], where: str):
 
 def _coerce(text: str, current: Any) -> Any:
     if isinstance(current, bool):
-        return text.lower() in ("1", "true", "yes", "on")
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected true or false, got {text!r}")
     if isinstance(current, int):
         return int(text)
     if isinstance(current, float):
@@ -282,7 +291,10 @@ def apply_overrides(cfg: EngineConfig, overrides: dict[str, Any] | None) -> Engi
         if not hasattr(target, last) or dataclasses.is_dataclass(getattr(target, last)):
             raise ConfigError(f"unknown configuration key {dotted!r}")
         current = getattr(target, last)
-        setattr(target, last, _coerce(value, current) if isinstance(value, str) else value)
+        try:
+            setattr(target, last, _coerce(value, current) if isinstance(value, str) else value)
+        except ValueError as e:  # a value of the wrong kind: name the key, not only the text
+            raise ConfigError(f"{dotted}: {e}") from None
         if dotted not in cfg.overridden:
             cfg.overridden.append(dotted)
     return cfg

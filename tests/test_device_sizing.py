@@ -132,6 +132,17 @@ def test_overrides_are_recorded_and_never_saved(tmp_path):
     assert "overridden" not in (tmp_path / "engine.yaml").read_text()
 
 
+def test_an_override_of_the_wrong_kind_is_refused_by_its_key():
+    from bullet_trt.config import ConfigError
+    cfg = apply_overrides(EngineConfig(checkpoint="ckpt"), {"serve.row_tpot_budget": "on"})
+    assert cfg.serve.row_tpot_budget is True
+    assert apply_overrides(cfg, {"serve.row_tpot_budget": "false"}).serve.row_tpot_budget is False
+    with pytest.raises(ConfigError, match="serve.row_tpot_budget: expected true or false, got 'maybe'"):
+        apply_overrides(EngineConfig(checkpoint="ckpt"), {"serve.row_tpot_budget": "maybe"})
+    with pytest.raises(ConfigError, match="serve.tpot_plan_fraction: could not convert"):
+        apply_overrides(EngineConfig(checkpoint="ckpt"), {"serve.tpot_plan_fraction": "high"})
+
+
 def test_auto_mode_is_chunked_without_a_gpu(tmp_path):
     assert resolve_mode(config(tmp_path, {"device": "cpu"})) == "chunked"
     assert resolve_mode(config(tmp_path, {"serve.mode": "bullet"})) == "bullet"

@@ -2,6 +2,8 @@
 phases."""
 from __future__ import annotations
 
+import pytest
+
 from bullet_trt.spatial.perf_model import PerfModel, PrefillShape
 from bullet_trt.spatial.policy import (PolicyState, SloConfig, WaitingPrompt, bullet_policy,
                                          decode_step_budget,
@@ -288,3 +290,29 @@ def test_fused_step_respects_its_token_budget_and_long_prompts_take_a_partition(
                       fuse_tokens=2048)
     d = bullet_policy(long_head, SLO, MODEL)
     assert not d.fuse and d.prefill_sms is not None and 0 in d.admit
+
+
+def test_a_row_of_few_tokens_affords_a_shorter_step_than_a_long_one():
+    from bullet_trt.spatial.row_pace import RowPace, affordable_step_ms, rows_step_ms
+    # just handed over: its one gap is the step in flight plus its own step
+    assert affordable_step_ms(RowPace(2, 1, 0.0), 50.0) == 25.0
+    assert affordable_step_ms(RowPace(3, 1, 0.0), 50.0) == pytest.approx(100 / 3)
+    assert affordable_step_ms(RowPace(339, 1, 0.0), 50.0) == pytest.approx(50 * 338 / 339)
+    # 100 tokens in, 2 s after its first (20 ms a gap): ahead of pace, it affords more than the SLO
+    assert affordable_step_ms(RowPace(339, 100, 2.0), 50.0) == pytest.approx((50 * 338 - 2000) / 239)
+    assert affordable_step_ms(RowPace(5, 5, 0.1), 50.0) is None  # no step left
+    rows = [RowPace(339, 100, 2.0), RowPace(3, 1, 0.0), RowPace(3, 2, 0.2)]  # the last is 100 ms behind
+    assert rows_step_ms(rows, 50.0, floor_ms=20.0) == pytest.approx(100 / 3)  # the lost row binds nothing
+    assert rows_step_ms([RowPace(3, 2, 0.2)], 50.0, floor_ms=20.0) is None
+
+
+def test_a_short_row_keeps_decode_more_sms_beside_a_late_queue():
+    """A late queue takes every SM that decode can spare within the plan; a decoding row of
+    two tokens affords half the SLO a step, and decode keeps enough SMs to run within that."""
+    plan = SloConfig(1000.0, 50.0, tpot_plan=1.0)
+    alone = bullet_policy(state(waiting=LATE), plan, MODEL)
+    short = bullet_policy(state(waiting=LATE, row_step_ms=25.0), plan, MODEL)
+    assert short.prefill_sms < alone.prefill_sms
+    assert short.predicted_decode_ms <= 25.0 < alone.predicted_decode_ms
+    # rows that afford more than the plan change nothing
+    assert bullet_policy(state(waiting=LATE, row_step_ms=80.0), plan, MODEL).prefill_sms == alone.prefill_sms

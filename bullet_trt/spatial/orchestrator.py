@@ -49,6 +49,7 @@ from bullet_trt.spatial.partitioners import make_partitioner
 from bullet_trt.spatial.perf_model import ModelCost, PerfModel, PrefillShape
 from bullet_trt.spatial.policy import Decision, PolicyState, SloConfig, WaitingPrompt, bullet_policy, static_policy
 from bullet_trt.spatial.queues import SpatialQueues
+from bullet_trt.spatial.row_pace import RowPace, rows_step_ms
 from bullet_trt.spatial.session_worker import SessionWorker, WorkerDied, worker_profiles
 
 
@@ -339,10 +340,21 @@ class SpatialEngine:
             decode_slots=self.cfg.decode.max_num_seqs,
             fuse=s.fuse_prefill, fuse_tokens=s.chunk_size,
             hold_ms=s.prefill_hold_fraction * self.slo.ttft_ms, batch_tokens=s.prefill_batch_tokens,
-            beside_prefill_sms=None if self.prefilling is None else self.prefilling.split.decode_sms)
+            beside_prefill_sms=None if self.prefilling is None else self.prefilling.split.decode_sms,
+            row_step_ms=self._row_step_ms(decoding) if s.row_tpot_budget else None)
         if self._static_split():
             return static_policy(state, self.slo, self.perf, self.splits[0])
         return bullet_policy(state, self.slo, self.perf)
+
+    def _row_step_ms(self, decoding: list[Sequence]) -> float | None:
+        """The longest step the decoding rows' TPOT affords (spatial/row_pace.py)."""
+        if not decoding:
+            return None
+        now = time.monotonic()
+        rows = [RowPace(x.params.max_tokens, len(x.output_token_ids), now - x.first_token_time)
+                for x in decoding if x.first_token_time is not None]
+        whole_gpu_ms = self.perf.decode_ms(len(decoding), sum(x.num_tokens for x in decoding), self.total_sms)
+        return rows_step_ms(rows, self.slo.tpot_ms, whole_gpu_ms)
 
     def _static_split(self) -> bool:
         """Whether the static policy decides (static mode with a split to hold)."""

@@ -17,7 +17,8 @@ takes the most SMs whose remainder still meets TPOT. Both SLOs are planned with 
 decode's step beside a prefill for `tpot_plan` of the TPOT SLO (a per-step bound on what is
 a per-request mean, so a plan near or above 1 can still keep the mean within the SLO), and
 TTFT's for the split with a wide one (half the SLO by default), so that prompts are not
-prefilled at the SLO's edge. The batch admits waiting prompts, earliest deadline
+prefilled at the SLO's edge. With `serve.row_tpot_budget`, decode's step is also kept within
+what its rows can afford: a request of few tokens averages few steps (spatial/row_pace.py). The batch admits waiting prompts, earliest deadline
 first, while the predicted prefill time keeps each within its deadline.
 
 Once decode's dense layers are bound by math rather than by the weight stream (a large
@@ -65,6 +66,9 @@ class PolicyState:
     # SMs decode runs on while a prefill already holds its partition (None: none in flight).
     # Then only a fused prefill can start: prompts ride in decode's steps on those SMs.
     beside_prefill_sms: int | None = None
+    # The longest step every decoding row's TPOT can still afford (spatial/row_pace.py,
+    # serve.row_tpot_budget); None: the plan's bound alone.
+    row_step_ms: float | None = None
 
     @property
     def decode_step_sms(self) -> int:
@@ -92,6 +96,14 @@ class SloConfig:
     def decode_step_ms(self) -> float:
         """The longest step decode is planned to take beside a prefill."""
         return self.tpot_ms * self.tpot_plan
+
+
+def step_target(state: PolicyState, slo: SloConfig) -> float:
+    """The longest step decode is planned to take beside a prefill: the plan's share of the
+    TPOT SLO, or less where the decoding rows afford less."""
+    if state.row_step_ms is None:
+        return slo.decode_step_ms
+    return min(slo.decode_step_ms, state.row_step_ms)
 
 
 @dataclass
@@ -176,7 +188,7 @@ def decode_step_budget(state: PolicyState, slo: SloConfig, model: PerfModel) -> 
     slower step costs nothing but TPOT, and the budget grows toward the TPOT target in
     proportion to the slots neither held nor claimed by a waiting prompt; prefill, then the
     phase that bounds the rate, gets the SMs."""
-    target = slo.decode_step_ms
+    target = step_target(state, slo)
     full = model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms)
     if state.decode_slots is None or full >= target:
         return min(full, target)
@@ -205,7 +217,7 @@ def _admit_fused(state: PolicyState, slo: SloConfig, model: PerfModel) -> tuple[
             break
         shape = PrefillShape.of([state.waiting[j].num_tokens for j in admitted + [i]])
         ms = model.fused_ms(state.decode_batch, state.decode_total_ctx, shape, state.decode_step_sms)
-        if state.fuse != "always" and ms > slo.decode_step_ms:
+        if state.fuse != "always" and ms > step_target(state, slo):
             break
         admitted.append(i)
         tokens += n
@@ -232,7 +244,8 @@ def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decis
         return model.decode_ms(state.decode_batch, state.decode_total_ctx,
                                SmSplit(state.total_sms, prefill_sms).decode_sms)
 
-    tpot_ok = [s for s in state.splits if decode_ms(s) <= slo.decode_step_ms]
+    target = step_target(state, slo)
+    tpot_ok = [s for s in state.splits if decode_ms(s) <= target]
     # Fewest prefill SMs that keep TTFT; decode keeps the rest (if that meets TPOT) ...
     chosen = next((s for s in tpot_ok if queue_meets_ttft(state, slo, model, s)), None)
     if chosen is None:
