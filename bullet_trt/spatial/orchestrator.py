@@ -330,9 +330,10 @@ class SpatialEngine:
     def _decision(self, candidates: list[Sequence]) -> Decision:
         q, s = self.queues, self.cfg.serve
         decoding = [x for x in q.decoding if x.status is SeqStatus.RUNNING]
+        ctx = sum(x.num_tokens for x in decoding)
         state = PolicyState(
             now=time.monotonic(), total_sms=self.total_sms, splits=self.splits,
-            decode_batch=len(decoding), decode_total_ctx=sum(x.num_tokens for x in decoding),
+            decode_batch=len(decoding), decode_total_ctx=ctx,
             waiting=[WaitingPrompt(x.arrival_time, x.num_uncached) for x in candidates],
             max_prefill_tokens=self.cfg.prefill.max_num_batched_tokens,
             max_prefill_seqs=self.cfg.prefill.max_num_seqs,
@@ -341,19 +342,19 @@ class SpatialEngine:
             fuse=s.fuse_prefill, fuse_tokens=s.chunk_size,
             hold_ms=s.prefill_hold_fraction * self.slo.ttft_ms, batch_tokens=s.prefill_batch_tokens,
             beside_prefill_sms=None if self.prefilling is None else self.prefilling.split.decode_sms,
-            row_step_ms=self._row_step_ms(decoding) if s.row_tpot_budget else None)
+            row_step_ms=self._row_step_ms(decoding, ctx) if s.row_tpot_budget else None)
         if self._static_split():
             return static_policy(state, self.slo, self.perf, self.splits[0])
         return bullet_policy(state, self.slo, self.perf)
 
-    def _row_step_ms(self, decoding: list[Sequence]) -> float | None:
+    def _row_step_ms(self, decoding: list[Sequence], ctx: int) -> float | None:
         """The longest step the decoding rows' TPOT affords (spatial/row_pace.py)."""
         if not decoding:
             return None
         now = time.monotonic()
         rows = [RowPace(x.params.max_tokens, len(x.output_token_ids), now - x.first_token_time)
                 for x in decoding if x.first_token_time is not None]
-        whole_gpu_ms = self.perf.decode_ms(len(decoding), sum(x.num_tokens for x in decoding), self.total_sms)
+        whole_gpu_ms = self.perf.decode_ms(len(decoding), ctx, self.total_sms)
         return rows_step_ms(rows, self.slo.tpot_ms, whole_gpu_ms)
 
     def _static_split(self) -> bool:

@@ -18,8 +18,9 @@ decode's step beside a prefill for `tpot_plan` of the TPOT SLO (a per-step bound
 a per-request mean, so a plan near or above 1 can still keep the mean within the SLO), and
 TTFT's for the split with a wide one (half the SLO by default), so that prompts are not
 prefilled at the SLO's edge. With `serve.row_tpot_budget`, decode's step is also kept within
-what its rows can afford: a request of few tokens averages few steps (spatial/row_pace.py). The batch admits waiting prompts, earliest deadline
-first, while the predicted prefill time keeps each within its deadline.
+what its rows can afford: a request of few tokens averages few steps (spatial/row_pace.py).
+The batch admits waiting prompts, earliest deadline first, while the predicted prefill time
+keeps each within its deadline.
 
 Once decode's dense layers are bound by math rather than by the weight stream (a large
 decode batch), a prefill beside decode only takes SMs from a phase that needs them. There
