@@ -112,6 +112,10 @@ class ServeConfig:
     # (bullet_trt/spatial/row_pace.py): a request of few tokens averages few steps, and one
     # long step decides it. Off by default until measured on a GPU.
     row_tpot_budget: bool = False
+    # bullet: blocks are granted to a decoding row this many tokens before it needs them.
+    # The decode worker steps ahead of the orchestrator that grants them; a row whose next
+    # block has not come sits out steps (the iteration log's rows_without_block counts them).
+    grant_lookahead_tokens: int = 4
     iteration_log: str = ""  # JSONL path; empty disables the per-iteration record
     # Overload shedding: a request that finds this many requests, or this many prompt tokens,
     # waiting in the engine (admitted, not yet scheduled) is refused at once with a retryable
@@ -220,6 +224,8 @@ class EngineConfig:
             raise ConfigError(f"serve.prefill_hold_fraction must be in [0, 1), got {s.prefill_hold_fraction}")
         if not 0 < s.ttft_plan_fraction <= 1:
             raise ConfigError(f"serve.ttft_plan_fraction must be in (0, 1], got {s.ttft_plan_fraction}")
+        if s.grant_lookahead_tokens < 0:
+            raise ConfigError(f"serve.grant_lookahead_tokens must be >= 0, got {s.grant_lookahead_tokens}")
         if not 0 < s.tpot_plan_fraction <= 2:
             raise ConfigError(f"serve.tpot_plan_fraction must be in (0, 2], got {s.tpot_plan_fraction}")
         if s.prefill_batch_tokens < 0:

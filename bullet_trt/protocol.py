@@ -237,6 +237,7 @@ class DecodeStep:
     prompt_tokens: int = 0
     role: str = "decode"
     gpu_window_ns: tuple[int, int] | None = None  # the step on the GPU's clock (WorkerSetup.gpu_clock)
+    rows_without_block: int = 0  # rows held out of this step, waiting for a block grant
 
 
 @dataclass

@@ -63,6 +63,13 @@ class PersistentDecodeBatch:
                 if item.start_pos // bs < len(item.block_table)
                 and item.output_index < item.params.max_tokens]
 
+    def without_block(self) -> int:
+        """Rows that could produce a token but wait for a block grant: the orchestrator,
+        which grants ahead by `serve.grant_lookahead_tokens`, fell that far behind them."""
+        bs = self.block_size
+        return sum(1 for item in self.rows.values()
+                   if item.start_pos // bs >= len(item.block_table) and item.output_index < item.params.max_tokens)
+
     def advance(self, ran: list[tuple[int, BatchItem]], token_ids: list[int]) -> None:
         """Feeds each row its sampled token as the next input."""
         for (_, item), token in zip(ran, token_ids):

@@ -20,7 +20,7 @@ class IterationLog:
     def record(self, phase: str, split: SmSplit, start: float, end: float, batch: int, tokens: int,
                predicted_ms: float, measured_ms: float, queues, host_gap_ms: float | None = None,
                prefill_in_flight: bool | None = None, split_wait_ms: float | None = None,
-               gpu_window_ns: tuple[int, int] | None = None) -> None:
+               gpu_window_ns: tuple[int, int] | None = None, rows_without_block: int | None = None) -> None:
         if self.file is None:
             return
         stepping = phase in ("decode", "fused")  # a fused step is decode's, prompts riding along
@@ -41,6 +41,8 @@ class IterationLog:
             rec["prefill_in_flight"] = prefill_in_flight
         if split_wait_ms is not None:  # a prefill's wait for decode to reach the complement
             rec["split_wait_ms"] = round(split_wait_ms, 3)
+        if rows_without_block:  # rows that sat this step out waiting for a block grant
+            rec["rows_without_block"] = rows_without_block
         if gpu_window_ns is not None:  # the step as the GPU ran it, one clock for both workers
             rec["gpu_start_ns"], rec["gpu_end_ns"] = gpu_window_ns
         self.file.write(json.dumps(rec) + "\n")

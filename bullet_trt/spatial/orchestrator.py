@@ -133,7 +133,7 @@ class SpatialEngine:
         self.fused: deque[PrefillJob] = deque()
         self.rows = DecodeRows()
         self.starved: list[Sequence] = []  # decoding, their next block due from acknowledged leaves
-        self.lookahead_tokens = 4
+        self.lookahead_tokens = cfg.serve.grant_lookahead_tokens
         self.prefill_failures = FailureStreak("prefill")
         self.decode_failures = FailureStreak("decode")
         self.last_sms = (0, 0)  # SMs of the last prefill and the last decode step, for stats
@@ -515,11 +515,12 @@ class SpatialEngine:
             outputs += self._prefilled(job, step.prompt_results)
             self.log.record("fused", step.split, step.start, received, rows + len(job.seqs),
                             rows + step.prompt_tokens, predicted, step.measured_ms, self.queues,
-                            host_gap_ms=step.idle_ms, gpu_window_ns=step.gpu_window_ns)
+                            host_gap_ms=step.idle_ms, gpu_window_ns=step.gpu_window_ns,
+                            rows_without_block=step.rows_without_block)
             return outputs
         predicted = self.perf.decode_ms(rows, step.total_ctx, sms)
         self.perf.observe("decode", predicted, step.measured_ms, sms)
         self.log.record("decode", step.split, step.start, received, rows, rows, predicted, step.measured_ms,
                         self.queues, host_gap_ms=step.idle_ms, prefill_in_flight=self.prefilling is not None,
-                        gpu_window_ns=step.gpu_window_ns)
+                        gpu_window_ns=step.gpu_window_ns, rows_without_block=step.rows_without_block)
         return outputs

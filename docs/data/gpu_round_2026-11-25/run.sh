@@ -46,7 +46,8 @@
 # call) gives each stage what is left of the call, so stages run one after another on a GPU
 # share one call's time and a fresh machine's set-up is taken off the first.
 # TOKEN_TIMES=1 keeps every response's time in the results (`bench serve --token-times`), for
-# the first gap between tokens that `bullet-trt bench misses` sets apart.
+# the first gap between tokens that `bullet-trt bench misses` sets apart; ITER_LOG=1 has the
+# protocol, moe and pair stages' servers write their iteration log ($OUT/iterations_*.jsonl.gz).
 # $SETS ("key=value ..."): engine overrides for the protocol, moe and pair stages' servers,
 # each named in the runs' label, e.g. SETS="serve.tpot_plan_fraction=1.0".
 # Every stage serves $DATASET (default sharegpt; azure-conv, azure-code) at TTFT <= $TTFT_SLO ms
@@ -89,9 +90,12 @@ repeated() {  # repeated LABEL: $MODE at ascending $RATE, ${REPEATS:-3} seeds x 
   local limit=${LIMIT:-590}
   [ -z "${LIMIT:-}" ] && [ -n "${DEADLINE:-}" ] && limit=$((DEADLINE - $(date +%s) - 10))
   [ "$limit" -gt 30 ] || { echo "run.sh: $((limit)) s left before DEADLINE: $1 not started"; return; }
-  serve "$1-${CHUNK:-2048}$SLO_TAG$set_tag" "$limit" --modes "$MODE" --rates "${RATE:?}" $G $graphs $sets \
+  local iterations=""  # not in the label: a run with its iteration log is the same run
+  [ -n "${ITER_LOG:-}" ] && iterations="--set serve.iteration_log=$OUT/iterations_${MODE}_$(date +%s).jsonl"
+  serve "$1-${CHUNK:-2048}$SLO_TAG$set_tag" "$limit" --modes "$MODE" --rates "${RATE:?}" $G $graphs $sets $iterations \
     --duration "${DURATION:-120}" --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided \
     ${DECIDE_OVER:+--decide-over "$DECIDE_OVER"}
+  [ -n "$iterations" ] && gzip -f "$OUT"/iterations_*.jsonl 2>/dev/null
   pack
 }
 [ "$stage" = calib ] || bash scripts/stored_calibrations.sh "$ENGINE"  # calib measures this GPU, which a stored file stops (run it first)
