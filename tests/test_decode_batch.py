@@ -21,10 +21,10 @@ def test_a_row_steps_only_with_a_block_for_its_position_and_tokens_left():
     assert left == [] and (batch.split.prefill_sms, batch.split.decode_sms) == (40, 92)
     # row 1 sits at position 4 with one block of 4: no room; row 2 has its one token already
     assert [r for r, _ in batch.runnable()] == [0]
-    assert batch.without_block() == 1  # row 1 waits for a grant; row 2 is done, not waiting
+    assert batch.waiting_for_block == 1  # row 1 waits for a grant; row 2 is done, not waiting
     batch.apply(DecodeUpdate(grants=[(1, [11])], split=SmSplit.whole(132)))
     assert [r for r, _ in batch.runnable()] == [0, 1] and batch.split.is_whole and batch.split.decode_sms == 132
-    assert batch.without_block() == 0
+    assert batch.waiting_for_block == 0
     assert batch.rows[1].block_table == [9, 11]
 
 

@@ -32,6 +32,7 @@ class PersistentDecodeBatch:
         self.split = SmSplit.whole(total_sms)
         self.split_epoch = 0
         self.prompt_groups: list[list[BatchItem]] = []  # one per update that carried prompts
+        self.waiting_for_block = 0  # at the last runnable()
 
     def apply(self, update: DecodeUpdate) -> list[int]:
         """Applies an update; returns the row ids that left (to acknowledge)."""
@@ -57,18 +58,18 @@ class PersistentDecodeBatch:
         return self.prompt_groups.pop(0) if self.prompt_groups else []
 
     def runnable(self) -> list[tuple[int, BatchItem]]:
-        """Rows whose next position has a block and that may still produce a token."""
-        bs = self.block_size
-        return [(row_id, item) for row_id, item in self.rows.items()
-                if item.start_pos // bs < len(item.block_table)
-                and item.output_index < item.params.max_tokens]
-
-    def without_block(self) -> int:
-        """Rows that could produce a token but wait for a block grant: the orchestrator,
+        """Rows whose next position has a block and that may still produce a token. Those
+        that may but have no block are counted in `waiting_for_block`: the orchestrator,
         which grants ahead by `serve.grant_lookahead_tokens`, fell that far behind them."""
         bs = self.block_size
-        return sum(1 for item in self.rows.values()
-                   if item.start_pos // bs >= len(item.block_table) and item.output_index < item.params.max_tokens)
+        ran, self.waiting_for_block = [], 0
+        for row_id, item in self.rows.items():
+            if item.output_index < item.params.max_tokens:
+                if item.start_pos // bs < len(item.block_table):
+                    ran.append((row_id, item))
+                else:
+                    self.waiting_for_block += 1
+        return ran
 
     def advance(self, ran: list[tuple[int, BatchItem]], token_ids: list[int]) -> None:
         """Feeds each row its sampled token as the next input."""

@@ -159,7 +159,7 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                           idle_ms=None if last_step_end is None else (start - last_step_end) * 1e3,
                           prompt_results=results[len(rows):] if prompts else None,
                           prompt_tokens=sum(len(it.input_token_ids) for it in prompts), gpu_window_ns=gpu_window,
-                          rows_without_block=batch.without_block())
+                          rows_without_block=batch.waiting_for_block)
         batch.advance(ran, tokens)
         last_step_end = time.monotonic()
         outbox.put(step)
