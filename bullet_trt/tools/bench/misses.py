@@ -22,7 +22,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from bullet_trt.tools.bench.metrics import RequestRecord
+from bullet_trt.tools.bench.metrics import RequestRecord, percentiles
 from bullet_trt.tools.bench.results import load_result
 
 DEFAULT_EDGES = (1, 10, 20, 40, 100)
@@ -52,13 +52,6 @@ class BucketMisses:
         return f"{self.low}+" if self.high is None else f"{self.low}-{self.high - 1}"
 
 
-def _quantile_ms(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return 1e3 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def misses_by_output_length(doc: dict, edges: tuple[int, ...] = DEFAULT_EDGES) -> list[BucketMisses]:
     """The run's requests in buckets of output tokens (a request's planned length where it did
     not finish), each with its misses by cause under the run's own SLOs."""
@@ -78,11 +71,17 @@ def misses_by_output_length(doc: dict, edges: tuple[int, ...] = DEFAULT_EDGES) -
             low=low, high=high, requests=len(reqs), unfinished=len(reqs) - len(done),
             ttft_missed=len(done) - len(in_time),
             tpot_missed=sum(1 for r in in_time if (r.get("tpot_s") or 0.0) > tpot_slo_s),
-            tpot_p50_ms=_quantile_ms(tpots, 0.5), tpot_p99_ms=_quantile_ms(tpots, 0.99),
-            longest_gap_p50_ms=_quantile_ms(gaps, 0.5),
-            first_gap_p50_ms=_quantile_ms([g[0] for g in itls if g], 0.5),
-            later_gap_p50_ms=_quantile_ms([x for g in itls for x in g[1:]], 0.5)))
+            tpot_p50_ms=_ms_at(tpots, 50), tpot_p99_ms=_ms_at(tpots, 99),
+            longest_gap_p50_ms=_ms_at(gaps, 50),
+            first_gap_p50_ms=_ms_at([g[0] for g in itls if g], 50),
+            later_gap_p50_ms=_ms_at([x for g in itls for x in g[1:]], 50)))
     return buckets
+
+
+def _ms_at(values_s: list[float], p: int) -> float | None:
+    """The p-th percentile in ms, as the run's summary computes its own."""
+    value = percentiles(values_s, (p,))[f"p{p}"]
+    return None if value is None else 1e3 * value
 
 
 def _length(r: dict) -> int:
