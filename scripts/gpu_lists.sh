@@ -11,7 +11,8 @@
 # workers (default: every GPU) takes the first job that fits before DEADLINE, runs it on its
 # GPU like a list, and takes the next until none fits, so a GPU that finishes early takes
 # more. The jobs left over are printed and kept in $OUT/queue.left, to start the next call's
-# queue. Each command's output goes to $OUT/gpuN/pair.log too, and all of $OUT/gpuN into
+# queue, with any job that left runs unstarted (its time ran out first) after a comment that
+# says so: rerun it whole, or only the runs it did not start. Each command's output goes to $OUT/gpuN/pair.log too, and all of $OUT/gpuN into
 # $OUT/gpuN.tar.gz at the end.
 # The set-up they share is done once, first: the carried wheels' venv in $GPU_RUN_DIR (two
 # gpu_run.sh starting at once would both install it), the dummy-weight engines that
@@ -56,10 +57,18 @@ work() {  # work GPU [COMMAND]: the command, or the queue's jobs one after anoth
     bash -c "$2" || rc=$?
     return $rc
   fi
-  while cmd=$(bash scripts/job_queue.sh take "$queue" $((DEADLINE - $(date +%s)))); do
+  local job unstarted
+  while job=$(bash scripts/job_queue.sh take "$queue" $((DEADLINE - $(date +%s)))); do
+    cmd=${job#*[[:space:]]}
     echo "== gpu_lists: GPU $gpu takes, $((DEADLINE - $(date +%s))) s before DEADLINE: $cmd"
-    bash -c "$cmd" || rc=$?
+    bash -c "$cmd" 2>&1 | tee "$OUT/job.out" || rc=$?
+    # a run that no longer fits before the deadline is not started ("not started" from bench
+    # serve or run.sh): the job goes back, beside the ones left, for the next call
+    if unstarted=$(grep -a -m1 'not started' "$OUT/job.out"); then
+      bash scripts/job_queue.sh put "$queue.unstarted" "$job" "GPU $gpu left runs of this job unstarted: $unstarted"
+    fi
   done
+  rm -f "$OUT/job.out"
   return $rc
 }
 
@@ -78,6 +87,7 @@ for pid in "${pids[@]}"; do
 done
 for ((gpu = 0; gpu < workers; gpu++)); do echo "== gpu$gpu"; tail -n 40 "$OUT/gpu$gpu/pair.log"; done
 if [ -n "$queue" ]; then
+  [ -f "$queue.unstarted" ] && cat "$queue.unstarted" >>"$queue" && rm -f "$queue.unstarted" "$queue.unstarted.lock"
   mv "$queue" "$OUT/queue.left" && rm -f "$queue.lock"
   echo "== jobs left in the queue ($OUT/queue.left):"
   grep -v '^[[:space:]]*$' "$OUT/queue.left" || echo "(none)"

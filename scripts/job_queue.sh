@@ -2,19 +2,33 @@
 # A queue of GPU jobs that several workers take from (scripts/gpu_lists.sh --queue):
 #
 #   bash scripts/job_queue.sh take QUEUE SECONDS_LEFT
+#   bash scripts/job_queue.sh put QUEUE 'SECONDS COMMAND' [NOTE]
 #
 # QUEUE holds one job a line, `SECONDS COMMAND`: the most seconds the job may take (its
 # servers' start, its runs and their drains), then a bash command line; blank lines and lines
-# starting with # are skipped. `take` prints the command of the first job that fits in
-# SECONDS_LEFT, removes its line and exits 0, or exits 1 when none fits. A lock (QUEUE.lock)
-# makes one take at a time, so two workers never get the same job.
+# starting with # are skipped. `take` prints the line of the first job that fits in
+# SECONDS_LEFT, removes it and exits 0, or exits 1 when none fits. `put` appends a job line
+# (creating QUEUE), after NOTE as a comment line when given: a worker hands back a job whose
+# runs did not all start. A lock (QUEUE.lock) makes one take or put at a time, so two workers
+# never get the same job.
 set -u -o pipefail
-[ "${1:-}" = take ] && [ $# -eq 3 ] || { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//;$d' >&2; exit 2; }
-queue=$2 left=$3
-[ -f "$queue" ] || { echo "job_queue: no queue file $queue" >&2; exit 2; }
-[[ "$left" =~ ^-?[0-9]+$ ]] || { echo "job_queue: SECONDS_LEFT must be an integer, got '$left'" >&2; exit 2; }
+usage() { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//;$d' >&2; exit 2; }
+case "${1:-}" in
+  take) [ $# -eq 3 ] || usage ;;
+  put) [ $# -eq 3 ] || [ $# -eq 4 ] || usage ;;
+  *) usage ;;
+esac
+op=$1 queue=$2
 exec 9>"$queue.lock"
 flock 9
+if [ "$op" = put ]; then
+  [[ "$3" =~ ^[0-9]+[[:space:]]+[^[:space:]] ]] || { echo "job_queue: a job line starts with its seconds, then the command; got '$3'" >&2; exit 2; }
+  { [ -n "${4:-}" ] && printf '# %s\n' "${4//$'\n'/ }"; printf '%s\n' "$3"; } >>"$queue"
+  exit 0
+fi
+left=$3
+[ -f "$queue" ] || { echo "job_queue: no queue file $queue" >&2; exit 2; }
+[[ "$left" =~ ^-?[0-9]+$ ]] || { echo "job_queue: SECONDS_LEFT must be an integer, got '$left'" >&2; exit 2; }
 line=$(awk -v left="$left" '
   /^[[:space:]]*(#|$)/ { next }
   {
@@ -22,6 +36,5 @@ line=$(awk -v left="$left" '
     if ($1 + 0 <= left + 0) { print NR; exit }
   }' "$queue") || exit 2
 [ -n "$line" ] || exit 1
-job=$(sed -n "${line}p" "$queue")
+sed -n "${line}p" "$queue" | sed -E 's/^[[:space:]]+//'
 sed -i "${line}d" "$queue"
-printf '%s\n' "$job" | sed -E 's/^[[:space:]]*[0-9]+[[:space:]]+//'

@@ -14,15 +14,20 @@ def take(queue: Path, seconds_left: int | str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=30)
 
 
+def put(queue: Path, *job_and_note: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), "put", str(queue), *job_and_note],
+                          capture_output=True, text=True, timeout=30)
+
+
 def test_a_worker_takes_the_first_job_that_fits_the_time_left(tmp_path):
     queue = tmp_path / "jobs"
     queue.write_text("# the protocol's seeds\n300 MODE=bullet SEED=100 run\n\n120 MODE=chunked RATE=34 run\n"
                      "120 MODE=chunked RATE=36 run\n")
     first = take(queue, 200)
-    assert first.returncode == 0 and first.stdout == "MODE=chunked RATE=34 run\n"
-    assert take(queue, 300).stdout == "MODE=bullet SEED=100 run\n"  # the first line fits now
+    assert first.returncode == 0 and first.stdout == "120 MODE=chunked RATE=34 run\n"
+    assert take(queue, 300).stdout == "300 MODE=bullet SEED=100 run\n"  # the first line fits now
     assert take(queue, 100).returncode == 1  # 120 s do not fit in 100
-    assert take(queue, 120).stdout == "MODE=chunked RATE=36 run\n"
+    assert take(queue, 120).stdout == "120 MODE=chunked RATE=36 run\n"
     assert take(queue, 10_000).returncode == 1
     assert "run" not in queue.read_text()  # every job taken, the comment and blank line left
 
@@ -35,7 +40,7 @@ def test_workers_taking_at_once_never_get_the_same_job(tmp_path):
     def drain(_):
         got = []
         while (r := take(queue, 600)).returncode == 0:
-            got.append(r.stdout.strip())
+            got.append(r.stdout.strip().split(" ", 1)[1])
         return got
     with ThreadPoolExecutor(4) as pool:
         taken = [job for got in pool.map(drain, range(4)) for job in got]
@@ -50,3 +55,22 @@ def test_a_malformed_queue_or_time_is_refused_by_name(tmp_path):
     r = take(queue, "ten")
     assert r.returncode == 2 and "SECONDS_LEFT must be an integer, got 'ten'" in r.stderr
     assert take(tmp_path / "none", 600).returncode == 2
+
+
+def test_a_job_handed_back_keeps_its_seconds_and_a_note_the_next_take_skips(tmp_path):
+    queue = tmp_path / "unstarted"  # put creates it
+    job = "300 DATASET=azure-code MODE=bullet RATE=16 SEED=100 run"
+    assert put(queue, job, "GPU 3 left runs of this job unstarted: needs ~160 s,\n107 s left").returncode == 0
+    assert put(queue, "120 MODE=chunked RATE=36 run").returncode == 0
+    assert queue.read_text() == ("# GPU 3 left runs of this job unstarted: needs ~160 s, 107 s left\n"
+                                 f"{job}\n120 MODE=chunked RATE=36 run\n")
+    assert take(queue, 200).stdout == "120 MODE=chunked RATE=36 run\n"
+    assert take(queue, 300).stdout == job + "\n"
+
+
+def test_a_job_line_without_its_seconds_is_not_handed_back(tmp_path):
+    queue = tmp_path / "unstarted"
+    r = put(queue, "MODE=bullet run")
+    assert r.returncode == 2 and "starts with its seconds" in r.stderr and "'MODE=bullet run'" in r.stderr
+    assert put(queue, "300").returncode == 2  # seconds and no command
+    assert not queue.exists() or queue.read_text() == ""
