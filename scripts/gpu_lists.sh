@@ -2,18 +2,20 @@
 # GPU work side by side on a machine of several GPUs, one worker per GPU:
 #
 #   GPU_RUN_DIR=/tmp/gr bash scripts/gpu_lists.sh 'COMMANDS FOR GPU 0' 'COMMANDS FOR GPU 1' ...
-#   GPU_RUN_DIR=/tmp/gr DEADLINE=EPOCH_SECONDS bash scripts/gpu_lists.sh --queue JOBS [GPUS]
+#   GPU_RUN_DIR=/tmp/gr DEADLINE=EPOCH_SECONDS bash scripts/gpu_lists.sh --queue JOBS[,JOBS...] [GPUS]
 #
 # Lists: list N is a bash command line run with CUDA_VISIBLE_DEVICES=N and OUT=$OUT/gpuN,
 # typically `bash scripts/gpu_run.sh ...` calls, e.g. a GPU test and a bench on one GPU while
 # the others serve stages of a round's run.sh; no more lists than GPUs.
-# Queue: JOBS holds jobs, `SECONDS COMMAND` a line (scripts/job_queue.sh); each of GPUS
-# workers (default: every GPU) takes the first job that fits before DEADLINE, runs it on its
-# GPU like a list, and takes the next until none fits, so a GPU that finishes early takes
-# more. The jobs left over are printed and kept in $OUT/queue.left, to start the next call's
-# queue, with any job that left runs unstarted (its time ran out first) after a comment that
-# says so: rerun it whole, or only the runs it did not start. Each command's output goes to $OUT/gpuN/pair.log too, and all of $OUT/gpuN into
-# $OUT/gpuN.tar.gz at the end.
+# Queue: JOBS holds jobs, `SECONDS COMMAND` a line (scripts/job_queue.sh); of several files
+# the first whose `# gpu: NAME` line matches the machine's GPU is taken (job_queue.sh pick),
+# none matching stops the call before its set-up. Each of GPUS workers (default: every GPU)
+# takes the first job that fits before DEADLINE, runs it on its GPU like a list, and takes
+# the next until none fits, so a GPU that finishes early takes more. The jobs left over are
+# printed and kept in $OUT/queue.left, to start the next call's queue, with any job that left
+# runs unstarted (its time ran out first) after a comment that says so: rerun it whole, or
+# only the runs it did not start. Each command's output goes to $OUT/gpuN/pair.log too, and
+# all of $OUT/gpuN into $OUT/gpuN.tar.gz at the end.
 # The set-up they share is done once, first: the carried wheels' venv in $GPU_RUN_DIR (two
 # gpu_run.sh starting at once would both install it), the dummy-weight engines that
 # $PREBUILD names ("llama-3.1-8b qwen3-30b-a3b", default the first; two workers building one
@@ -31,11 +33,15 @@ mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 gpus=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU')
 queue=""
 if [ "$1" = --queue ]; then
-  [ -f "${2:-}" ] || { echo "gpu_lists: --queue needs a jobs file, got '${2:-}'" >&2; exit 2; }
+  [ -n "${2:-}" ] || { echo "gpu_lists: --queue needs a jobs file" >&2; exit 2; }
   : "${DEADLINE:?set DEADLINE (epoch seconds): the workers take only the jobs that end before it}"
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  IFS=, read -ra candidates <<<"$2"
+  jobs=$(bash scripts/job_queue.sh pick "$gpu_name" "${candidates[@]}") || exit 3
+  echo "gpu_lists: $gpus x $gpu_name: the jobs of $jobs"
   workers=${3:-$gpus}
   queue=$OUT/queue
-  grep -v '^[[:space:]]*#' "$2" >"$queue"  # the workers take from a copy: the repository's file stays whole
+  grep -v '^[[:space:]]*#' "$jobs" >"$queue"  # the workers take from a copy: the repository's file stays whole
 else
   workers=$#
 fi

@@ -3,6 +3,7 @@
 #
 #   bash scripts/job_queue.sh take QUEUE SECONDS_LEFT
 #   bash scripts/job_queue.sh put QUEUE 'SECONDS COMMAND' [NOTE]
+#   bash scripts/job_queue.sh pick GPU_NAME JOBS...
 #
 # QUEUE holds one job a line, `SECONDS COMMAND`: the most seconds the job may take (its
 # servers' start, its runs and their drains), then a bash command line; blank lines and lines
@@ -10,12 +11,28 @@
 # SECONDS_LEFT, removes it and exits 0, or exits 1 when none fits. `put` appends a job line
 # (creating QUEUE), after NOTE as a comment line when given: a worker hands back a job whose
 # runs did not all start. A lock (QUEUE.lock) makes one take or put at a time, so two workers
-# never get the same job.
+# never get the same job. `pick` prints the first of several jobs files that is for GPU_NAME
+# (nvidia-smi's name): a file's `# gpu: NAME` line names the GPUs it is for (any whose name
+# contains NAME), a file without one is for any; it exits 1 when none is, since a figure
+# measured on the wrong GPU is worse than none (a lender may answer a call for one kind with
+# another).
 set -u -o pipefail
 usage() { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//;$d' >&2; exit 2; }
 case "${1:-}" in
   take) [ $# -eq 3 ] || usage ;;
   put) [ $# -eq 3 ] || [ $# -eq 4 ] || usage ;;
+  pick)
+    [ $# -ge 3 ] || usage
+    gpu_name=$2
+    shift 2
+    for jobs in "$@"; do
+      [ -f "$jobs" ] || { echo "job_queue: no jobs file $jobs" >&2; exit 2; }
+      want=$(sed -n 's/^#[[:space:]]*gpu:[[:space:]]*//p' "$jobs" | head -1 | sed 's/[[:space:]]*$//')
+      if [ -z "$want" ] || [[ "$gpu_name" == *"$want"* ]]; then echo "$jobs"; exit 0; fi
+    done
+    echo "job_queue: none of $* is for a '$gpu_name' (their '# gpu:' lines)" >&2
+    exit 1
+    ;;
   *) usage ;;
 esac
 op=$1 queue=$2

@@ -74,3 +74,28 @@ def test_a_job_line_without_its_seconds_is_not_handed_back(tmp_path):
     assert r.returncode == 2 and "starts with its seconds" in r.stderr and "'MODE=bullet run'" in r.stderr
     assert put(queue, "300").returncode == 2  # seconds and no command
     assert not queue.exists() or queue.read_text() == ""
+
+
+def pick(gpu_name: str, *jobs_files: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), "pick", gpu_name, *map(str, jobs_files)],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_the_jobs_file_for_the_machines_gpu_is_picked_and_none_for_another(tmp_path):
+    h100, h200, any_gpu = tmp_path / "jobs_h100.txt", tmp_path / "jobs_h200.txt", tmp_path / "jobs.txt"
+    h100.write_text("# the H100 work\n# gpu: H100\n200 MODE=bullet run\n")
+    h200.write_text("#   gpu:  H200  \n300 MODE=bullet run\n")
+    any_gpu.write_text("100 MODE=chunked run\n")
+    assert pick("NVIDIA H200", h100, h200).stdout == f"{h200}\n"
+    assert pick("NVIDIA H100 80GB HBM3", h100, h200).stdout == f"{h100}\n"
+    refused = pick("NVIDIA A100-SXM4-80GB", h100, h200)
+    assert refused.returncode == 1 and "'NVIDIA A100-SXM4-80GB'" in refused.stderr
+    assert pick("NVIDIA A100-SXM4-80GB", h100, any_gpu).stdout == f"{any_gpu}\n"
+    assert pick("NVIDIA H200", tmp_path / "none.txt").returncode == 2
+
+
+def test_the_repositorys_jobs_files_each_name_their_gpu():
+    rounds = SCRIPT.parent.parent / "docs" / "data" / "gpu_round_2026-11-25"
+    h100, h200 = rounds / "jobs_h100.txt", rounds / "jobs_h200.txt"
+    assert pick("NVIDIA H100 80GB HBM3", h100, h200).stdout == f"{h100}\n"
+    assert pick("NVIDIA H200", h100, h200).stdout == f"{h200}\n"
