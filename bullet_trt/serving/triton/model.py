@@ -5,9 +5,11 @@ Flow of one request::
     execute()  (stub main thread)     parse + validate + tokenize (frontend.py), then
                                       engine.add_request(NewRequest, callback)
     engine reader thread              callback per RequestOutput: text per token (TextStream:
-                                      incremental detokenization, stop strings), one response
-                                      per new piece of text (stream=true) or one response at
-                                      the end (stream=false), FINAL flag last
+                                      incremental detokenization, stop strings), kept as the
+                                      request's pending text
+    response threads (delivery.py)    one response per request with all its pending text
+                                      (stream=true) or one at the end (stream=false), FINAL
+                                      flag last; a request always on the same thread
     cancellation thread               polls request.is_cancelled() and aborts in the engine
 
 Every request ends with exactly one response (or flag) carrying
@@ -34,6 +36,7 @@ import numpy as np
 from bullet_trt.config import load_engine_config
 from bullet_trt.engine.request import NewRequest, RequestOutput
 from bullet_trt.engine.validation import RequestError, RequestLimits
+from bullet_trt.serving.triton.delivery import Delivery
 from bullet_trt.serving.triton.frontend import Frontend, FrontendLimits, ParsedRequest
 from bullet_trt.serving.triton.metrics import Metrics
 from bullet_trt.serving.engine_process import SHUTTING_DOWN, AsyncEngine, EngineClient, EngineUnavailable
@@ -52,6 +55,11 @@ MODEL_PARAMS = {
     "max_tokens_limit": "0",  # 0 = max_model_len - 1
     "exclude_input_in_output": "true",
     "cancel_poll_ms": "20",
+    # request.is_cancelled() is a round trip to Triton's side, as a send is: each poll checks
+    # at most this many requests a second, in turn, so that hundreds of streams do not
+    # crowd out their own responses
+    "cancel_checks_per_s": "500",
+    "response_threads": "4",  # threads sending responses (delivery.py)
     "engine_threads": "0",  # torch threads in the engine process; 0 = torch's default
     "engine_start_timeout_s": "600",
     "unload_on_engine_failure": "true",
@@ -106,6 +114,17 @@ def resolve_engine_dir(value: str, model_dir: Path | None) -> Path:
         f"build one with `python build_engines.py` or point {ENGINE_DIR_ENV} at one")
 
 
+def next_turn(active: list, checked: int, limit: int) -> tuple[list, int]:
+    """The next `limit` of `active`, going on from `checked` (the count so far) and round from
+    the end to the start, so that every request is checked in turn however many there are;
+    returns them and the new count."""
+    if not active:
+        return [], checked
+    start = checked % len(active)
+    turn = (active[start:] + active[:start])[:limit]
+    return turn, start + len(turn)
+
+
 @dataclass
 class _Active:
     """One request in flight."""
@@ -125,9 +144,13 @@ class _Active:
     all_logprobs: list[float] = field(default_factory=list)
     cum_logprob: float = 0.0
     pieces: list[str] = field(default_factory=list)  # stream=false: the text so far
+    pending_text: str = ""  # stream=true: text not yet sent
+    shard: int = 0  # the response thread that sends this request's responses
+    scheduled: bool = False  # queued on its response thread, which will send all that is pending
+    ending: tuple[str, str | None] | None = None  # (reason, error) once the request ended
     sent_any: bool = False
     cancelled: bool = False
-    done: bool = False
+    done: bool = False  # ended: its final response is decided (it may not have left yet)
 
 
 class TritonPythonModel:
@@ -170,10 +193,12 @@ class TritonPythonModel:
                  getattr(self.engine, "pid", "?"), self.cfg.max_model_len, self.cfg.serve.mode)
 
         self._ids = itertools.count()
+        self._delivery = Delivery(int(params["response_threads"]), self._deliver)
         self._active: dict[str, _Active] = {}
         self._active_lock = threading.Lock()
         self._stop = threading.Event()
         self._poll_s = max(int(params["cancel_poll_ms"]), 1) / 1000.0
+        self._checks_per_poll = max(1, round(float(params["cancel_checks_per_s"]) * self._poll_s))
         self._watcher = threading.Thread(target=self._watch_cancellation, name="bullet-cancel", daemon=True)
         self._watcher.start()
         # The stub's reader thread detokenizes and sends every token; a full collection over
@@ -185,6 +210,8 @@ class TritonPythonModel:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()  # answers every in-flight request with an error
+        if getattr(self, "_delivery", None) is not None:
+            self._delivery.close()  # those answers leave before the model goes
         if getattr(self, "_watcher", None) is not None:
             self._watcher.join(timeout=2)
         if getattr(self, "metrics", None) is not None:
@@ -210,9 +237,10 @@ class TritonPythonModel:
             self.metrics.request_finished("rejected")
             self._send_error_final(sender, str(e), "INVALID_ARG")
             return
-        rid = f"r{next(self._ids)}"
+        n = next(self._ids)
+        rid = f"r{n}"
         stream = TextStream(self.tokenizer, parsed.params.stop, parsed.params.min_tokens)
-        state = _Active(rid, request, sender, parsed, stream, arrival)
+        state = _Active(rid, request, sender, parsed, stream, arrival, shard=n)
         with self._active_lock:
             self._active[rid] = state
         try:
@@ -246,13 +274,14 @@ class TritonPythonModel:
         before = st.text_stream.num_tokens
         piece = st.text_stream.extend(out.new_token_ids)
         used = st.text_stream.num_tokens - before
-        st.num_output_tokens += used
-        st.pending_tokens += used
-        if out.new_logprobs:
-            logprobs = out.new_logprobs[:used]
-            st.pending_logprobs.extend(logprobs)
-            st.all_logprobs.extend(logprobs)
-            st.cum_logprob += float(sum(logprobs))
+        with st.lock:  # a response thread takes the pending counts
+            st.num_output_tokens += used
+            st.pending_tokens += used
+            if out.new_logprobs:
+                logprobs = out.new_logprobs[:used]
+                st.pending_logprobs.extend(logprobs)
+                st.all_logprobs.extend(logprobs)
+                st.cum_logprob += float(sum(logprobs))
         if st.text_stream.stopped:
             if not out.finished:
                 self.engine.abort(st.rid)  # its KV blocks return at the engine's next step
@@ -269,9 +298,8 @@ class TritonPythonModel:
             with st.lock:
                 if st.done or st.cancelled:
                     return
-                if not self._send(st, self._response(st, piece), 0):
-                    st.cancelled = True
-                    self.engine.abort(st.rid)
+                st.pending_text += piece
+                self._schedule(st)
         else:
             st.pieces.append(piece)
 
@@ -284,31 +312,70 @@ class TritonPythonModel:
             self.metrics.request_refused()
         else:
             self.metrics.request_finished("error" if reason == "shutdown" else reason)
-        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         with st.lock:
             if st.done:
                 return
             st.done = True
-            if reason == "rejected":  # the engine refused it at admission (names field and limit)
-                self._send_error_final(st.sender, error or "request rejected", "INVALID_ARG")
-            elif reason in ("overloaded", "shutdown"):  # not served now; a retry may be
-                self._send_error_final(st.sender, error or "server unavailable", "UNAVAILABLE")
-            elif error or reason == "error":
-                code = "INTERNAL" if self.engine.is_ready() else "UNAVAILABLE"
-                self._send_error_final(st.sender, error or "request failed", code)
-            elif reason == "abort":
-                self._send_error_final(st.sender, "request cancelled", "CANCELLED")
-            elif st.parsed.stream:
-                if piece or not st.sent_any or st.parsed.return_num_output_tokens or st.parsed.return_log_probs:
-                    self._send(st, self._response(st, piece), final)
-                else:
-                    self._send(st, None, final)
+            st.ending = (reason, error)
+            if st.parsed.stream:
+                st.pending_text += piece
             else:
                 st.pieces.append(piece)
-                text = "".join(st.pieces)
-                if not st.parsed.exclude_input_in_output:
-                    text = st.parsed.text + text
-                self._send(st, self._response(st, text, whole=True), final)
+            self._schedule(st)
+
+    def _schedule(self, st: _Active) -> None:
+        """Queues `st` on its response thread unless it waits there already (which then sends
+        all that is pending). Called with st.lock held."""
+        if not st.scheduled:
+            st.scheduled = True
+            self._delivery.put(st.shard, st)
+
+    def _deliver(self, st: _Active) -> None:
+        """On st's response thread: one response with all of its pending text, or its final
+        one. The send waits for Triton's side outside st.lock, so the reader adds tokens
+        meanwhile; they leave with the next response."""
+        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with st.lock:
+            st.scheduled = False
+            text, st.pending_text = st.pending_text, ""
+            ending, st.ending = st.ending, None
+            if ending is None:
+                if st.done or st.cancelled or not text:  # done: its ending is queued behind
+                    return
+                response = self._response(st, text)
+            else:
+                reason, error = ending
+                if not st.parsed.stream:
+                    text = "".join(st.pieces)
+                    if not st.parsed.exclude_input_in_output:
+                        text = st.parsed.text + text
+                response = self._ending_response(st, reason, error, text)
+        if ending is None:
+            if not self._send(st, response, 0):
+                with st.lock:
+                    st.cancelled = True
+                self.engine.abort(st.rid)
+        elif isinstance(response, tuple):  # an error: (message, code)
+            self._send_error_final(st.sender, *response)
+        else:
+            self._send(st, response, final)
+
+    def _ending_response(self, st: _Active, reason: str, error: str | None, text: str):
+        """The final response of a request that ended for `reason`: an error as (message,
+        code), a response, or None (the flag alone). Called with st.lock held."""
+        if reason == "rejected":  # the engine refused it at admission (names field and limit)
+            return error or "request rejected", "INVALID_ARG"
+        if reason in ("overloaded", "shutdown"):  # not served now; a retry may be
+            return error or "server unavailable", "UNAVAILABLE"
+        if error or reason == "error":
+            return error or "request failed", "INTERNAL" if self.engine.is_ready() else "UNAVAILABLE"
+        if reason == "abort":
+            return "request cancelled", "CANCELLED"
+        if not st.parsed.stream:
+            return self._response(st, text, whole=True)
+        if text or not st.sent_any or st.parsed.return_num_output_tokens or st.parsed.return_log_probs:
+            return self._response(st, text)
+        return None
 
     def _response(self, st: _Active, text: str, whole: bool = False):
         pb = self.pb
@@ -363,10 +430,12 @@ class TritonPythonModel:
 
     # -- cancellation and health ----------------------------------------------------------------
     def _watch_cancellation(self) -> None:
+        checked = 0  # requests checked so far: each poll goes on from where the last stopped
         while not self._stop.wait(self._poll_s):
             with self._active_lock:
                 active = list(self._active.values())
-            for st in active:
+            turn, checked = next_turn(active, checked, self._checks_per_poll)
+            for st in turn:
                 with st.lock:
                     if st.done or st.cancelled:
                         continue
