@@ -201,8 +201,8 @@ class TritonPythonModel:
         self._checks_per_poll = max(1, round(float(params["cancel_checks_per_s"]) * self._poll_s))
         self._watcher = threading.Thread(target=self._watch_cancellation, name="bullet-cancel", daemon=True)
         self._watcher.start()
-        # The stub's reader thread detokenizes and sends every token; a full collection over
-        # what start-up built held it for 45-80 ms at a time under load.
+        # The stub's reader thread detokenizes every token and its response threads send them;
+        # a full collection over what start-up built held them for 45-80 ms at a time under load.
         freeze_startup_objects()
 
     def finalize(self):
