@@ -207,6 +207,10 @@ def test_summary_throughput_attainment_goodput():
     assert s.duration_s == pytest.approx(4.0)  # first send 0.0 .. last end 4.0
     assert s.request_throughput == pytest.approx(1.0)
     assert s.total_output_tokens == 9 and s.output_token_throughput == pytest.approx(9 / 4)
+    assert s.responses_per_s == pytest.approx(9 / 4) and s.tokens_per_response == pytest.approx(1.0)
+    merged = summarize([rec(0, 0.0, [0.5, 1.0], [1, 3]), rec(1, 0.0, [0.5, 1.0], [2, 2])], 1.0, 1.0)
+    assert merged.responses_per_s == pytest.approx(4 / 1.0) and merged.tokens_per_response == pytest.approx(2.0)
+    assert summarize([rec(0, 0.0, [], error="refused")], 1.0, 1.0).tokens_per_response is None
     assert s.total_input_tokens == 40
     assert s.slo_met == 2 and s.slo_attainment == pytest.approx(0.4) and s.goodput == pytest.approx(0.5)
     assert s.ttft_s["p50"] == pytest.approx(np.percentile([0.5, 2.0, 0.2, 0.1], 50))
@@ -504,7 +508,9 @@ def test_gpu_telemetry_device_choice_and_absence():
          "ttft_s": {"p50": 0.1, "p99": 0.2}, "tpot_s": {"p50": 0.01, "p99": 0.02},
          "slo_attainment": 1.0, "goodput": 1.0}
     doc = {"label": "bullet", "dataset": "sharegpt", "rate": 4, "summary": s}
-    assert "SM clock" not in format_row(doc)
+    assert "SM clock" not in format_row(doc) and "responses/s" not in format_row(doc)  # an older run's summary
+    s.update(responses_per_s=1.5, tokens_per_response=1.33)
+    assert "2.0 out tok/s, 2 responses/s (1.33 tokens each), TTFT p50 100.0 ms" in format_row(doc)
     doc["gpu_telemetry"] = {"summary": {"sm_clock_mhz": {"p50": 1620.0}, "power_w": {"p50": 688.0},
                                         "power_capped_fraction": 0.75}}
     assert format_row(doc).endswith("SM clock p50 1620 MHz, power p50 688 W, power-capped 75% of samples")

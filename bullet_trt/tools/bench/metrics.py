@@ -134,6 +134,10 @@ class Summary:
     request_throughput: float  # completed req/s
     output_token_throughput: float  # tok/s
     input_token_throughput: float
+    # streamed responses that carried tokens, a second, and the tokens each carried: a server
+    # whose responses fall behind its tokens merges several into one
+    responses_per_s: float
+    tokens_per_response: float | None
     total_output_tokens: int
     total_input_tokens: int
     ttft_s: dict
@@ -166,6 +170,7 @@ def summarize(records: Sequence[RequestRecord], ttft_slo_s: float, tpot_slo_s: f
     dur = run_duration(records) if duration_s is None else duration_s
     met = sum(1 for r in records if r.meets_slo(ttft_slo_s, tpot_slo_s))
     out_tok = sum(r.num_output_tokens for r in ok)
+    responses = sum(1 for r in ok for k in r.chunk_tokens if k > 0)
     in_tok = sum((r.num_input_tokens if r.num_input_tokens is not None else r.input_tokens) for r in ok)
     errors: dict[str, int] = {}
     for r in records:
@@ -177,6 +182,7 @@ def summarize(records: Sequence[RequestRecord], ttft_slo_s: float, tpot_slo_s: f
     return Summary(
         num_requests=len(records), completed=len(ok), failed=len(records) - len(ok), duration_s=dur,
         request_throughput=per(len(ok)), output_token_throughput=per(out_tok), input_token_throughput=per(in_tok),
+        responses_per_s=per(responses), tokens_per_response=(out_tok / responses) if responses else None,
         total_output_tokens=out_tok, total_input_tokens=in_tok,
         ttft_s=percentiles(r.ttft for r in ok), tpot_s=percentiles(r.tpot for r in ok),
         itl_s=percentiles(x for r in ok for x in r.itls), e2e_s=percentiles(r.e2e for r in ok),

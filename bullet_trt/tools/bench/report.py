@@ -96,10 +96,18 @@ def format_row(doc: dict) -> str:
     seed = f" seed {doc['seed']}" if doc.get("seed") else ""
     return (f"{doc['label']} {doc['dataset']} {doc['rate']:g} req/s{seed}: {s['completed']}/{s['num_requests']} done, "
             f"{s['request_throughput']:.2f} req/s, {s['output_token_throughput']:.1f} out tok/s, "
+            + _responses_text(s) +
             f"TTFT p50 {_ms(s['ttft_s']['p50'])} ms p99 {_ms(s['ttft_s']['p99'])} ms, "
             f"TPOT p50 {_ms(s['tpot_s']['p50'])} ms p99 {_ms(s['tpot_s']['p99'])} ms, "
             f"SLO attainment {s['slo_attainment'] * 100:.1f}%, goodput {s['goodput']:.2f} req/s"
             + _steady_state_text(doc) + _telemetry_text(doc))
+
+
+def _responses_text(s: dict) -> str:
+    """How many responses carried those tokens (runs written before 2026-11-26 lack it)."""
+    if s.get("tokens_per_response") is None:
+        return ""
+    return f"{s['responses_per_s']:.0f} responses/s ({s['tokens_per_response']:.2f} tokens each), "
 
 
 def _steady_state_text(doc: dict) -> str:
