@@ -33,10 +33,6 @@ class Delivery:
         for t in self._threads:
             t.start()
 
-    @property
-    def threads(self) -> int:
-        return len(self._queues)
-
     def put(self, shard: int, item) -> None:
         self._queues[shard % len(self._queues)].put(item)
 
