@@ -269,6 +269,35 @@ def test_report_table_plots_and_compare(tmp_path, capsys):
     assert (report / "slo_attainment_sharegpt.png").stat().st_size > 1000
 
 
+def test_compare_over_several_directories_and_files(tmp_path):
+    """A mode's runs from several rounds share one table: directories and single result files,
+    a file reached twice counted once; a report of several sources must be told where to go."""
+    from bullet_trt.tools.bench import serve_bench
+    round1, round2, report = tmp_path / "round1", tmp_path / "round2", tmp_path / "report"
+    _fake_run(round1, "bullet", 1.0, 0.05)
+    _fake_run(round1, "chunked", 1.0, 0.05)
+    in_round2, _ = _fake_run(round2, "bullet", 2.0, 0.05)
+    one_file, _ = _fake_run(tmp_path / "round3", "bullet", 3.0, 0.2)
+    _fake_run(tmp_path / "round3", "chunked", 3.0, 0.05)  # in the directory, not named
+    assert serve_bench.main(["--compare", str(round1), str(round2), str(one_file), str(in_round2),
+                             "--report-dir", str(report), "--no-plots"]) == 0
+    md = (report / "summary.md").read_text()
+    runs = [line for line in md.split("## Sustained")[0].splitlines() if line.startswith("| ") and "label" not in line]
+    assert sorted(r.split(" | ")[0] + " " + r.split(" | ")[2] for r in runs) == [
+        "| bullet 1", "| bullet 2", "| bullet 3", "| chunked 1"]
+    assert "| sharegpt | bullet | 2 | 3 |" in md  # 3 req/s missed (TTFT 200 ms > 100 ms): the ladder spans rounds
+    assert not (round1 / "summary.md").exists()
+    with pytest.raises(SystemExit, match="--report-dir"):
+        serve_bench.main(["--compare", str(round1), str(round2), "--no-plots"])
+    with pytest.raises(SystemExit, match="--report-dir"):
+        serve_bench.main(["--compare", str(one_file), "--no-plots"])
+    with pytest.raises(SystemExit, match="no such result file or directory"):
+        serve_bench.main(["--compare", str(tmp_path / "missing"), "--report-dir", str(report)])
+    (tmp_path / "notes.json").write_text('{"hello": 1}')
+    with pytest.raises(SystemExit, match="not a benchmark result"):
+        serve_bench.main(["--compare", str(tmp_path / "notes.json"), "--report-dir", str(report)])
+
+
 def test_sustained_rate_averages_repeats_and_stops_at_the_first_miss(tmp_path):
     from bullet_trt.tools.bench import capacity
     from bullet_trt.tools.bench.report import rebuild_report

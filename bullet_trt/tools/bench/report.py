@@ -1,9 +1,11 @@
 """The serving benchmark's report: summary.md (one row per run, then each label's sustained
-rate, bullet_trt/tools/bench/capacity.py) rebuilt from every result JSON in a directory, and
+rate, bullet_trt/tools/bench/capacity.py) rebuilt from every result JSON in the directories and
+files given, and
 the one-line summary printed after each run."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from bullet_trt.tools.bench import capacity
 from bullet_trt.tools.bench.report_plots import plot_results
@@ -75,15 +77,25 @@ def _engine_notes_section(docs: list[dict]) -> list[str]:
         f"- {label}: " + " / ".join(notes) for label, notes in sorted(said.items())]
 
 
-def rebuild_report(out_dir: Path, ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None,
-                   plots: bool = True, report_dir: Path | None = None) -> tuple[Path, list[Path]]:
-    """summary.md (and the plots) from every result JSON in ``out_dir``, written to ``report_dir``
-    (default ``out_dir``)."""
-    out_dir = Path(out_dir)
-    docs = load_results(out_dir)
+def rebuild_report(sources: Path | Sequence[Path], ttft_slo_ms: float | None = None,
+                   tpot_slo_ms: float | None = None, plots: bool = True,
+                   report_dir: Path | None = None) -> tuple[Path, list[Path]]:
+    """summary.md (and the plots) from every result JSON in ``sources`` (directories or result
+    files), written to ``report_dir``; without it, into the one directory given."""
+    sources = [Path(sources)] if isinstance(sources, (str, Path)) else [Path(s) for s in sources]
+    try:
+        docs = load_results(*sources)
+    except (OSError, ValueError) as e:
+        raise SystemExit(str(e)) from None
     if not docs:
-        raise SystemExit(f"no benchmark results (*.json, *.json.gz or *.json.xz of kind {RESULT_KIND}) in {out_dir}")
-    report = Path(report_dir) if report_dir else out_dir
+        raise SystemExit(f"no benchmark results (*.json, *.json.gz or *.json.xz of kind {RESULT_KIND}) in "
+                         + ", ".join(map(str, sources)))
+    if report_dir is None:
+        if len(sources) != 1 or not sources[0].is_dir():
+            raise SystemExit("--compare of several sources, or of a file, needs --report-dir "
+                             "(where to write summary.md and the plots)")
+        report_dir = sources[0]
+    report = Path(report_dir)
     report.mkdir(parents=True, exist_ok=True)
     md = report / "summary.md"
     md.write_text(markdown_table(docs, ttft_slo_ms, tpot_slo_ms))

@@ -77,14 +77,29 @@ def load_result(path: str | Path) -> dict:
     return doc
 
 
-def load_results(out_dir: Path) -> list[dict]:
-    """Every result JSON in ``out_dir``, plain or compressed (``.json.gz``, ``.json.xz``: kept
-    results, whose per-request arrays --compare needs; xz takes about a tenth of the plain
-    size, gzip about a seventh)."""
-    docs = []
-    for path in sorted(p for pattern in ("*.json", "*.json.gz", "*.json.xz") for p in Path(out_dir).glob(pattern)):
-        try:
-            docs.append(load_result(path))
-        except (OSError, ValueError):  # unreadable, or not a result: not ours to report
-            continue
+def load_results(*sources: Path) -> list[dict]:
+    """Every result JSON in each source, a directory or one result file, plain or compressed
+    (``.json.gz``, ``.json.xz``: kept results, whose per-request arrays --compare needs; xz takes
+    about a tenth of the plain size, gzip about a seventh). A file named as a source must be a
+    result; a directory's other JSON files are not ours to report and are skipped. A file
+    reached twice counts once."""
+    docs, seen = [], set()
+    for source in map(Path, sources):
+        if source.is_dir():
+            paths = sorted(p for pattern in ("*.json", "*.json.gz", "*.json.xz") for p in source.glob(pattern))
+        elif source.is_file():
+            paths = [source]
+        else:
+            raise FileNotFoundError(f"{source}: no such result file or directory")
+        for path in paths:
+            if path.resolve() in seen:
+                continue
+            try:
+                doc = load_result(path)
+            except (OSError, ValueError):  # unreadable, or not a result
+                if path == source:
+                    raise
+                continue
+            seen.add(path.resolve())
+            docs.append(doc)
     return docs

@@ -95,12 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tp", type=int, metavar="N",
                    help="tensor-parallel GPUs of the started servers (= --set parallel.tensor_parallel_size=N)")
     s.add_argument("--server-start-timeout-s", type=float, default=900.0)
-    ap.add_argument("--compare", metavar="DIR", default=None,
-                    help="only rebuild summary.md and the plots from the JSON files in DIR (re-scored with "
-                         "--ttft-slo-ms / --tpot-slo-ms when given)")
+    ap.add_argument("--compare", metavar="PATH", nargs="+", default=None,
+                    help="only rebuild summary.md and the plots from result JSON files: every one in each "
+                         "directory PATH, or the file PATH (re-scored with --ttft-slo-ms / --tpot-slo-ms "
+                         "when given); a mode's runs from several rounds then share one table")
     ap.add_argument("--report-dir", metavar="DIR", default=None,
                     help="with --compare: write summary.md and the plots here instead of into the compared "
-                         "directory (one set of runs, reports under several SLOs)")
+                         "directory (needed for several PATHs or a file; one set of runs, reports under "
+                         "several SLOs)")
     return ap
 
 
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.started_at = time.monotonic()
     if args.compare:
-        md, pngs = rebuild_report(Path(args.compare), args.ttft_slo_ms, args.tpot_slo_ms, plots=not args.no_plots,
+        md, pngs = rebuild_report([Path(p) for p in args.compare], args.ttft_slo_ms, args.tpot_slo_ms, plots=not args.no_plots,
                                   report_dir=args.report_dir)
         print(md.read_text())
         for p in pngs:

@@ -7,22 +7,18 @@ set -eu -o pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 D=docs/data
 R=$D/gpu_round_2026-11-26e/h200
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-report() {  # report NAME TPOT_MS FILE... : one compare over the files, written into $R/NAME
+report() {  # report NAME TPOT_MS PATH... : one compare over the paths, written into $R/NAME
   local name=$1 tpot=$2
   shift 2
-  mkdir -p "$tmp/$name"
-  for f in "$@"; do ln -s "$PWD/$f" "$tmp/$name/"; done
-  bullet-trt bench serve --compare "$tmp/$name" --ttft-slo-ms 1000 --tpot-slo-ms "$tpot" --report-dir "$R/$name"
+  bullet-trt bench serve --compare "$@" --ttft-slo-ms 1000 --tpot-slo-ms "$tpot" --report-dir "$R/$name"
   rm -f "$R/$name"/latency_cdf_*.png  # one per rate: many files, little to read
 }
-report dense 50 $R/dense/*.json.xz \
+report dense 50 $R/dense \
   $D/gpu_round_2026-11-26/h200/dense/*rate32__seed10[0-2].json.xz \
   $D/gpu_round_2026-11-26/h200/dense/bullet-2048-bullet__sharegpt__rate40__seed10[01].json.xz \
   $D/gpu_round_2026-11-26c/h200/dense/bullet-2048-bullet__sharegpt__rate40__seed102.json.xz
-report dense-tpot40 40 $R/dense-tpot40/*.json.xz
-report moe 50 $R/moe/*.json.xz \
+report dense-tpot40 40 $R/dense-tpot40
+report moe 50 $R/moe \
   $D/gpu_round_2026-11-26/h200/moe/*sharegpt__rate34__seed10[0-2].json.xz \
   $D/gpu_round_2026-11-26d/h200/moe/*sharegpt__rate36__seed10[0-2].json.xz \
   $D/gpu_round_2026-11-25f/h200/serve/moe-chunked-1024-chunked__sharegpt__rate24__seed10[01].json.xz \
