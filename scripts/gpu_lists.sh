@@ -14,8 +14,10 @@
 # the next until none fits, so a GPU that finishes early takes more. The jobs left over are
 # printed and kept in $OUT/queue.left, to start the next call's queue, with any job that left
 # runs unstarted (its time ran out first) after a comment that says so: rerun it whole, or
-# only the runs it did not start. Each command's output goes to $OUT/gpuN/pair.log too, and
-# all of $OUT/gpuN into $OUT/gpuN.tar.gz at the end.
+# only the runs it did not start. A job whose run decides its rate for the protocol's other
+# seeds (bench serve --decide-over) drops those seeds' queued jobs (job_queue.sh drop). Each
+# command's output goes to $OUT/gpuN/pair.log too, and all of $OUT/gpuN into
+# $OUT/gpuN.tar.gz at the end.
 # The set-up they share is done once, first: the carried wheels' venv in $GPU_RUN_DIR (two
 # gpu_run.sh starting at once would both install it), the dummy-weight engines that
 # $PREBUILD names ("llama-3.1-8b qwen3-30b-a3b", default the first; two workers building one
@@ -72,6 +74,10 @@ work() {  # work GPU [COMMAND]: the command, or the queue's jobs one after anoth
     # serve or run.sh): the job goes back, beside the ones left, for the next call
     if unstarted=$(grep -a -m1 'not started' "$OUT/job.out"); then
       bash scripts/job_queue.sh put "$queue.unstarted" "$job" "GPU $gpu left runs of this job unstarted: $unstarted"
+    fi
+    # a seed that decided its rate for the whole protocol: the rate's other seeds would measure nothing
+    if grep -a -q "decided whatever the protocol's other seeds attain" "$OUT/job.out"; then
+      bash scripts/job_queue.sh drop "$queue" "$job" | sed "s/^/== gpu_lists: GPU $gpu drops, its seed having decided the rate: /"
     fi
   done
   rm -f "$OUT/job.out"

@@ -4,6 +4,7 @@
 #   bash scripts/job_queue.sh take QUEUE SECONDS_LEFT
 #   bash scripts/job_queue.sh put QUEUE 'SECONDS COMMAND' [NOTE]
 #   bash scripts/job_queue.sh pick GPU_NAME JOBS...
+#   bash scripts/job_queue.sh drop QUEUE 'SECONDS COMMAND'
 #
 # QUEUE holds one job a line, `SECONDS COMMAND`: the most seconds the job may take (its
 # servers' start, its runs and their drains), then a bash command line; blank lines and lines
@@ -15,11 +16,14 @@
 # (nvidia-smi's name): a file's `# gpu: NAME` line names the GPUs it is for (any whose name
 # contains NAME), a file without one is for any; it exits 1 when none is, since a figure
 # measured on the wrong GPU is worse than none (a lender may answer a call for one kind with
-# another).
+# another). `drop` removes the queued jobs that differ from the given one only in their SEED=
+# (and seconds) and prints them: the protocol's other seeds of a rate that one seed's run has
+# decided (bench serve's "decided whatever the protocol's other seeds attain"); a job without
+# SEED= has no such siblings.
 set -u -o pipefail
 usage() { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//;$d' >&2; exit 2; }
 case "${1:-}" in
-  take) [ $# -eq 3 ] || usage ;;
+  take | drop) [ $# -eq 3 ] || usage ;;
   put) [ $# -eq 3 ] || [ $# -eq 4 ] || usage ;;
   pick)
     [ $# -ge 3 ] || usage
@@ -43,8 +47,23 @@ if [ "$op" = put ]; then
   { [ -n "${4:-}" ] && printf '# %s\n' "${4//$'\n'/ }"; printf '%s\n' "$3"; } >>"$queue"
   exit 0
 fi
-left=$3
 [ -f "$queue" ] || { echo "job_queue: no queue file $queue" >&2; exit 2; }
+if [ "$op" = drop ]; then
+  [[ "$3" == *SEED=* ]] || exit 0
+  key() { sed -E 's/^[[:space:]]*[0-9]+[[:space:]]+//; s/(^|[[:space:]])SEED=[^[:space:]]*//; s/[[:space:]]+/ /g; s/^ //; s/ $//'; }
+  want=$(key <<<"$3")
+  keep=$(mktemp "$queue.XXXXXX")
+  while IFS= read -r line || [ -n "$line" ]; do
+    if [[ ! "$line" =~ ^[[:space:]]*(#|$) ]] && [[ "$line" == *SEED=* ]] && [ "$(key <<<"$line")" = "$want" ]; then
+      printf '%s\n' "$line"
+    else
+      printf '%s\n' "$line" >>"$keep"
+    fi
+  done <"$queue"
+  mv "$keep" "$queue"
+  exit 0
+fi
+left=$3
 [[ "$left" =~ ^-?[0-9]+$ ]] || { echo "job_queue: SECONDS_LEFT must be an integer, got '$left'" >&2; exit 2; }
 line=$(awk -v left="$left" '
   /^[[:space:]]*(#|$)/ { next }

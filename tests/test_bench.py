@@ -722,6 +722,16 @@ def test_a_sweep_stops_a_decided_rate_and_skips_what_it_cannot_change(server, tm
     assert printed.count("skipped, the sweep has decided that 4 req/s misses the target") == 5
     md = (out / "summary.md").read_text()
     assert "| sharegpt | server | - | 4 |" in md
+    # one seed of a protocol whose other two run in other sweeps: its run decides for them too,
+    # and says so, so that a queue of such sweeps can drop them (scripts/gpu_lists.sh)
+    from bullet_trt.tools.bench.decided import DECIDED_ELSEWHERE
+    rc = serve_bench.main(["--url", server.grpc_url, "--engine-dir", str(ensure_tiny_random_engine()),
+                           "--dataset", "sharegpt", "--rates", "4", "--repeats", "1", "--decide-over", "3",
+                           "--seed", "101", "--duration", "60", "--max-output-tokens", "4", "--ttft-slo-ms", "0.001",
+                           "--stop-when-decided", "--warmup", "1", "--no-progress", "--no-plots", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert f"server sharegpt 4 req/s misses the target: {DECIDED_ELSEWHERE} (2 of its seeds run in other sweeps)" in printed
 
 
 def test_a_run_starts_only_when_its_arrivals_and_a_drain_fit_the_time_left():

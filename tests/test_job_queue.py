@@ -19,6 +19,10 @@ def put(queue: Path, *job_and_note: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=30)
 
 
+def drop(queue: Path, job: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), "drop", str(queue), job], capture_output=True, text=True, timeout=30)
+
+
 def test_a_worker_takes_the_first_job_that_fits_the_time_left(tmp_path):
     queue = tmp_path / "jobs"
     queue.write_text("# the protocol's seeds\n300 MODE=bullet SEED=100 run\n\n120 MODE=chunked RATE=34 run\n"
@@ -99,3 +103,32 @@ def test_the_repositorys_jobs_files_each_name_their_gpu():
     h100, h200 = rounds / "jobs_h100.txt", rounds / "jobs_h200.txt"
     assert pick("NVIDIA H100 80GB HBM3", h100, h200).stdout == f"{h100}\n"
     assert pick("NVIDIA H200", h100, h200).stdout == f"{h200}\n"
+
+
+def test_a_decided_seed_drops_its_siblings_and_nothing_else(tmp_path):
+    """One seed's run decided the rate for the protocol: the same job at the other seeds goes
+    (whatever its seconds), other rates, settings and comments stay, in their order."""
+    queue = tmp_path / "jobs"
+    run = "bash scripts/gpu_run.sh run bash run.sh protocol"
+    queue.write_text(f"# plan 1.0 at 48\n220 MODE=bullet RATE=48 SEED=101 SETS=serve.tpot_plan_fraction=1.0 {run}\n"
+                     f"220 MODE=bullet RATE=48 SEED=101 SETS=serve.tpot_plan_fraction=1.3 {run}\n"
+                     f"220 MODE=bullet RATE=50 SEED=101 SETS=serve.tpot_plan_fraction=1.0 {run}\n"
+                     f"\n300  MODE=bullet RATE=48 SEED=102  SETS=serve.tpot_plan_fraction=1.0 {run}\n"
+                     f"220 MODE=bullet RATE=48 SETS=serve.tpot_plan_fraction=1.0 {run}\n")
+    r = drop(queue, f"220 MODE=bullet RATE=48 SEED=100 SETS=serve.tpot_plan_fraction=1.0 {run}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"220 MODE=bullet RATE=48 SEED=101 SETS=serve.tpot_plan_fraction=1.0 {run}",
+                                     f"300  MODE=bullet RATE=48 SEED=102  SETS=serve.tpot_plan_fraction=1.0 {run}"]
+    assert queue.read_text() == (f"# plan 1.0 at 48\n220 MODE=bullet RATE=48 SEED=101 SETS=serve.tpot_plan_fraction=1.3 {run}\n"
+                                 f"220 MODE=bullet RATE=50 SEED=101 SETS=serve.tpot_plan_fraction=1.0 {run}\n\n"
+                                 f"220 MODE=bullet RATE=48 SETS=serve.tpot_plan_fraction=1.0 {run}\n")
+    # a job without a seed names no siblings: nothing goes
+    before = queue.read_text()
+    assert drop(queue, f"220 MODE=bullet RATE=50 SETS=serve.tpot_plan_fraction=1.0 {run}").stdout == ""
+    assert queue.read_text() == before
+
+
+def test_the_queue_worker_listens_for_the_sweeps_decision():
+    """gpu_lists.sh drops siblings on the line bench serve prints: the two must not drift apart."""
+    from bullet_trt.tools.bench.decided import DECIDED_ELSEWHERE
+    assert DECIDED_ELSEWHERE in (SCRIPT.parent / "gpu_lists.sh").read_text()

@@ -17,7 +17,9 @@ for every request, the most they could add, so that no sweep stops a run that th
 mean could still carry.
 
 A protocol of three seeds x 120 s spent most of its device time on rates above capacity,
-measuring how a growing queue drains; this keeps the time for the rates that decide.
+measuring how a growing queue drains; this keeps the time for the rates that decide. A sweep
+that decides a rate whose other seeds run elsewhere says so (`DECIDED_ELSEWHERE`), so that a
+queue of such sweeps (scripts/gpu_lists.sh --queue) can drop the seeds not yet started.
 """
 from __future__ import annotations
 
@@ -26,6 +28,10 @@ import math
 # Float sums land a hair off exact fractions (3 - 0.9 * 3 is 0.2999...98): every comparison
 # leans this far towards going on, so that a rounding error never stops a run that could pass.
 _SLACK = 1e-9
+
+# Printed after a run that decides its rate for the seeds other sweeps would measure; the GPU
+# job queue (scripts/gpu_lists.sh) matches it
+DECIDED_ELSEWHERE = "decided whatever the protocol's other seeds attain"
 
 
 def misses_that_decide(num_requests: int, finished: list[float], left: int, target: float) -> int | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from bullet_trt.spatial.gpu_monitor import TelemetrySampler
 from bullet_trt.tools.bench import datasets as ds
 from bullet_trt.tools.bench.capacity import DEFAULT_TARGET
-from bullet_trt.tools.bench.decided import misses_that_decide, rate_failed, runs_to_come
+from bullet_trt.tools.bench.decided import DECIDED_ELSEWHERE, misses_that_decide, rate_failed, runs_to_come
 from bullet_trt.tools.bench.loadgen import LoadGenerator, LoadGenOptions
 from bullet_trt.tools.bench.progress import ProgressPrinter
 from bullet_trt.tools.bench.report import format_row, rebuild_report
@@ -101,6 +101,9 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
         finished.append(doc["summary"]["slo_attainment"])
         if decide and rate_failed(finished, left, DEFAULT_TARGET):
             failed_rates[w.dataset] = min(w.rate, failed_rates.get(w.dataset, w.rate))
+            if elsewhere:
+                print(f"{label} {dataset_name(w.dataset)} {w.rate:g} req/s misses the target: "
+                      f"{DECIDED_ELSEWHERE} ({elsewhere} of its seeds run in other sweeps)", flush=True)
         rebuild_report(out_dir, None, None, plots=not args.no_plots)
         if result.stopped_early == "interrupted":
             raise KeyboardInterrupt
