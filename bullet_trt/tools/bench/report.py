@@ -1,7 +1,6 @@
 """The serving benchmark's report: summary.md (one row per run, then each label's sustained
 rate, bullet_trt/tools/bench/capacity.py) rebuilt from every result JSON in the directories and
-files given, and
-the one-line summary printed after each run."""
+files given, and the one-line summary printed after each run."""
 from __future__ import annotations
 
 from pathlib import Path

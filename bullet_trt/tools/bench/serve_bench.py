@@ -160,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.started_at = time.monotonic()
     if args.compare:
-        md, pngs = rebuild_report([Path(p) for p in args.compare], args.ttft_slo_ms, args.tpot_slo_ms, plots=not args.no_plots,
-                                  report_dir=args.report_dir)
+        md, pngs = rebuild_report([Path(p) for p in args.compare], args.ttft_slo_ms, args.tpot_slo_ms,
+                                  plots=not args.no_plots, report_dir=args.report_dir)
         print(md.read_text())
         for p in pngs:
             print(f"wrote {p}")
