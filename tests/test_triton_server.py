@@ -669,3 +669,41 @@ def test_modes_serve_identical_greedy_outputs(server, tmp_path_factory, mode):
         http.close()
     finally:
         srv.stop()
+
+
+def test_a_port_taken_before_tritonserver_binds_it_gets_other_ports(tmp_path, monkeypatch):
+    """Free ports are picked before tritonserver binds them, which it does only once the model
+    has loaded: a port another process binds in between makes tritonserver exit, and the start
+    is tried again on fresh ports (server.on_free_ports), here with a port held by a real socket."""
+    import socket
+
+    from bullet_trt.serving.triton import server as srv
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    real_free_ports = srv.free_ports
+    picks: list[list[int]] = []
+
+    def first_with_a_taken_grpc_port(n: int) -> list[int]:
+        ports = real_free_ports(n)
+        if not picks:
+            ports[1] = taken
+        picks.append(ports)
+        return ports
+    monkeypatch.setattr(srv, "free_ports", first_with_a_taken_grpc_port)
+    try:
+        server = start_server(tmp_path, name="ports")
+    finally:
+        holder.close()
+    try:
+        assert len(picks) == 2 and server.grpc_port != taken
+        assert srv.PORT_TAKEN in server.log_file.read_text(errors="replace")  # the first start's words
+        streams = GrpcStreams(server.grpc_url)
+        try:
+            answer = streams.collect(streams.send({"text_input": "the ports", "max_tokens": 2}))
+        finally:
+            streams.close()
+        assert answer.final and answer.error is None and answer.text
+    finally:
+        server.stop()

@@ -168,18 +168,20 @@ def start_server(tmp_dir: Path, name: str = "server", overrides: dict | None = N
     from bullet_trt.serving.triton import server as srv
 
     engine_dir = engine_dir or ensure_tiny_random_engine()
-    ports = srv.free_ports(3)
     log_file = tmp_dir / f"{name}.log"
-    proc = srv.launch(engine_dir=engine_dir, overrides=overrides, log_file=log_file, http_port=ports[0],
-                      grpc_port=ports[1], metrics_port=ports[2])
-    server = TritonServer(proc, *ports, log_file=log_file)
-    try:
-        srv.wait_until_ready(proc, server.grpc_url, START_TIMEOUT_S, server.model, server.log_tail,
-                             http_url=server.http_url)
-    except srv.ServerNotReady:
-        server.stop()
-        raise
-    return server
+
+    def start(ports: list[int]) -> TritonServer:
+        proc = srv.launch(engine_dir=engine_dir, overrides=overrides, log_file=log_file, http_port=ports[0],
+                          grpc_port=ports[1], metrics_port=ports[2])
+        server = TritonServer(proc, *ports, log_file=log_file)
+        try:
+            srv.wait_until_ready(proc, server.grpc_url, START_TIMEOUT_S, server.model, server.log_tail,
+                                 http_url=server.http_url)
+        except srv.ServerNotReady:
+            server.stop()
+            raise
+        return server
+    return srv.on_free_ports(3, start)
 
 
 def module_server(tmp_dir: Path, **start_kwargs):

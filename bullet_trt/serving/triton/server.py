@@ -24,6 +24,7 @@ import argparse
 import filecmp
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import socket
@@ -34,6 +35,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from bullet_trt.serving.tied_exec import tied_command
 
@@ -42,6 +44,8 @@ DEFAULT_MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
 DEFAULT_ENGINE_DIR = PROJECT_ROOT / "engines" / "default"
 CACHE_ENV = "BULLET_CACHE_DIR"
 STUB = "triton_python_backend_stub"
+log = logging.getLogger("bullet_trt.serving.triton")
+T = TypeVar("T")
 # Loopback unless asked: tritonserver has no authentication, and 2.51's HTTP frontend is
 # brought down by a single large request body (docs/serving.md), so a public interface is
 # an explicit choice (`--host 0.0.0.0`), best behind a proxy that limits bodies.
@@ -256,6 +260,24 @@ def free_ports(n: int) -> list[int]:
     while len(set(ports)) < n:
         ports = [free_port() for _ in range(n)]
     return ports
+
+
+PORT_TAKEN = "already in use"  # tritonserver's words when a port it was given is bound by then
+
+
+def on_free_ports(n: int, start: Callable[[list[int]], T], attempts: int = 3) -> T:
+    """``start(ports)`` on n free ports, again on fresh ones when tritonserver found one taken
+    (ServerNotReady whose log says so). A port free when picked may be bound before tritonserver,
+    which binds its gRPC and HTTP ports only once the model has loaded, gets to it: outgoing
+    connections of any process draw from the same range."""
+    for attempt in range(attempts):
+        try:
+            return start(free_ports(n))
+        except ServerNotReady as e:
+            if PORT_TAKEN not in str(e) or attempt == attempts - 1:
+                raise
+            log.warning("tritonserver found a port taken; starting again on other ports")
+    raise AssertionError("unreachable")
 
 
 def main(argv: list[str] | None = None) -> int:

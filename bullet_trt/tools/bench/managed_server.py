@@ -16,12 +16,23 @@ class ManagedServer:
 
     def __init__(self, engine_dir: Path, overrides: dict, log_file: Path, model: str = "bullet",
                  start_timeout_s: float = 900.0):
-        self.http_port, self.grpc_port, self.metrics_port = srv.free_ports(3)
         self.log_file = log_file
         self.model = model
-        self.proc = srv.launch(engine_dir=engine_dir, overrides=overrides, log_file=log_file,
+        try:
+            srv.on_free_ports(3, lambda ports: self._start(ports, engine_dir, overrides, start_timeout_s))
+        except srv.ServerNotReady as e:
+            raise RuntimeError(f"{e}\n(log {self.log_file})") from None
+
+    def _start(self, ports: list[int], engine_dir: Path, overrides: dict, timeout_s: float) -> None:
+        self.http_port, self.grpc_port, self.metrics_port = ports
+        self.proc = srv.launch(engine_dir=engine_dir, overrides=overrides, log_file=self.log_file,
                                http_port=self.http_port, grpc_port=self.grpc_port, metrics_port=self.metrics_port)
-        self._wait_ready(start_timeout_s)
+        try:
+            srv.wait_until_ready(self.proc, self.url, timeout_s, self.model, self._log_tail,
+                                 http_url=f"localhost:{self.http_port}")
+        except srv.ServerNotReady:
+            self.stop()
+            raise
 
     @property
     def url(self) -> str:
@@ -35,14 +46,6 @@ class ManagedServer:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-40:])
         except OSError:
             return ""
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        try:
-            srv.wait_until_ready(self.proc, self.url, timeout_s, self.model, self._log_tail,
-                                 http_url=f"localhost:{self.http_port}")
-        except srv.ServerNotReady as e:
-            self.stop()
-            raise RuntimeError(f"{e}\n(log {self.log_file})") from None
 
     def stop(self) -> None:
         stop_server(self.proc)
