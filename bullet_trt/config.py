@@ -107,10 +107,12 @@ class ServeConfig:
     # 0.85 stays the default: where nearly every step runs beside a prefill (long prompts,
     # short outputs) the mean approaches the bound, and that case was not measured above 0.85.
     tpot_plan_fraction: float = 0.85
-    # bullet: decode's step beside a prefill is also kept within the longest step its rows'
-    # TPOT can still afford, each row's length taken from its max_tokens
-    # (bullet_trt/spatial/row_pace.py): a request of few tokens averages few steps, and one
-    # long step decides it. Off by default until measured on a GPU.
+    # bullet: decode's step beside a prefill is also kept within what the decoding rows' TPOT
+    # can still afford (bullet_trt/spatial/row_pace.py): a row's mean over its gaps, counting
+    # the steps it will run after the prefill at the recent mean gap, its length from its
+    # max_tokens. A long row then affords steps past the plan's bound, a row of few tokens
+    # little (one long step decides it), so with it tpot_plan_fraction is a ceiling that may
+    # sit above 1. Off by default until measured on a GPU.
     row_tpot_budget: bool = False
     # bullet: blocks are granted to a decoding row this many tokens before it needs them.
     # The decode worker steps ahead of the orchestrator that grants them; a row whose next

@@ -293,17 +293,48 @@ def test_fused_step_respects_its_token_budget_and_long_prompts_take_a_partition(
 
 
 def test_a_row_of_few_tokens_affords_a_shorter_step_than_a_long_one():
+    """Each row spends its TPOT budget (50 ms a gap) on the gaps left: those beside a 250 ms
+    prefill at the step asked about, the rest at the recent mean gap (20 ms here)."""
+    import math
+
     from bullet_trt.spatial.row_pace import RowPace, affordable_step_ms, rows_step_ms
-    # just handed over: its one gap is the step in flight plus its own step
-    assert affordable_step_ms(RowPace(2, 1, 0.0), 50.0) == 25.0
-    assert affordable_step_ms(RowPace(3, 1, 0.0), 50.0) == pytest.approx(100 / 3)
-    assert affordable_step_ms(RowPace(339, 1, 0.0), 50.0) == pytest.approx(50 * 338 / 339)
-    # 100 tokens in, 2 s after its first (20 ms a gap): ahead of pace, it affords more than the SLO
-    assert affordable_step_ms(RowPace(339, 100, 2.0), 50.0) == pytest.approx((50 * 338 - 2000) / 239)
-    assert affordable_step_ms(RowPace(5, 5, 0.1), 50.0) is None  # no step left
-    rows = [RowPace(339, 100, 2.0), RowPace(3, 1, 0.0), RowPace(3, 2, 0.2)]  # the last is 100 ms behind
-    assert rows_step_ms(rows, 50.0, floor_ms=20.0) == pytest.approx(100 / 3)  # the lost row binds nothing
-    assert rows_step_ms([RowPace(3, 2, 0.2)], 50.0, floor_ms=20.0) is None
+
+    def affords(row, later_ms=20.0, beside_ms=250.0, floor_ms=10.0):
+        return affordable_step_ms(row, 50.0, floor_ms, later_ms, beside_ms)
+    # just handed over, two tokens: one gap (the step in flight and its own), 50 ms in all,
+    # less than the prefill lasts: both waits may fall beside it
+    assert affords(RowPace(2, 1, 0.0)) == 25.0
+    assert affords(RowPace(3, 1, 0.0)) == pytest.approx(100 / 3)
+    # ten tokens: 450 ms of budget over ten waits, 200 ms at the later pace: 250 ms of slack
+    # covers the prefill whatever decode's step beside it
+    assert affords(RowPace(10, 1, 0.0)) == math.inf
+    # ... but at a later pace of 30 ms its slack is 150 ms: the steps beside the prefill may
+    # take 30 x 250 / (250 - 150) = 75 ms, and the row still averages 50
+    assert affords(RowPace(10, 1, 0.0), later_ms=30.0) == pytest.approx(75.0)
+    steps_beside = 250.0 / 75.0
+    assert (250.0 + (10 - steps_beside) * 30.0) / 9 == pytest.approx(50.0)
+    # a long row, fresh or ahead of pace, affords any step
+    assert affords(RowPace(339, 1, 0.0)) == math.inf
+    assert affords(RowPace(339, 100, 2.0)) == math.inf
+    assert affords(RowPace(5, 5, 0.1)) is None  # no step left
+    assert affords(RowPace(3, 2, 0.2)) is None  # 100 ms behind: not even whole-GPU steps save it
+    rows = [RowPace(339, 100, 2.0), RowPace(3, 1, 0.0), RowPace(3, 2, 0.2)]
+    assert rows_step_ms(rows, 50.0, 10.0, 20.0, 250.0) == pytest.approx(100 / 3)  # the lost row binds nothing
+    assert rows_step_ms([RowPace(339, 1, 0.0), RowPace(3, 2, 0.2)], 50.0, 10.0, 20.0, 250.0) is None
+
+
+def test_the_mean_gap_counts_steps_and_skips_idle_spells():
+    from bullet_trt.spatial.row_pace import GapMeter
+    meter = GapMeter(idle_s=1.0)
+    meter.step_done(10.0)
+    assert meter.mean_ms is None  # one step: no gap yet
+    meter.step_done(10.02)
+    assert meter.mean_ms == pytest.approx(20.0)
+    meter.step_done(15.0)  # after 5 s without a step: an idle spell, not a gap
+    assert meter.mean_ms == pytest.approx(20.0)
+    for k in range(1, 400):  # steps 60 ms apart pull the mean there
+        meter.step_done(15.0 + 0.06 * k)
+    assert meter.mean_ms == pytest.approx(60.0, abs=0.1)
 
 
 def test_a_short_row_keeps_decode_more_sms_beside_a_late_queue():

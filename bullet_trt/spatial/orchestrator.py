@@ -49,7 +49,7 @@ from bullet_trt.spatial.partitioners import make_partitioner
 from bullet_trt.spatial.perf_model import ModelCost, PerfModel, PrefillShape
 from bullet_trt.spatial.policy import Decision, PolicyState, SloConfig, WaitingPrompt, bullet_policy, static_policy
 from bullet_trt.spatial.queues import SpatialQueues
-from bullet_trt.spatial.row_pace import RowPace, rows_step_ms
+from bullet_trt.spatial.row_pace import GapMeter, RowPace, rows_step_ms
 from bullet_trt.spatial.session_worker import SessionWorker, WorkerDied, worker_profiles
 
 
@@ -137,6 +137,7 @@ class SpatialEngine:
         self.prefill_failures = FailureStreak("prefill")
         self.decode_failures = FailureStreak("decode")
         self.last_sms = (0, 0)  # SMs of the last prefill and the last decode step, for stats
+        self.decode_gaps = GapMeter()  # the rows' pace after a prefill (serve.row_tpot_budget)
         gpu_index = (device.index or 0) if device.type == "cuda" else None
         self.log = IterationLog(s.iteration_log or None, gpu_index, self.partitioner.total_sms > 0)
 
@@ -348,14 +349,16 @@ class SpatialEngine:
         return bullet_policy(state, self.slo, self.perf)
 
     def _row_step_ms(self, decoding: list[Sequence], ctx: int) -> float | None:
-        """The longest step the decoding rows' TPOT affords (spatial/row_pace.py)."""
+        """The longest step beside a prefill that the decoding rows' TPOT affords
+        (spatial/row_pace.py), for a prefill as long as the policy lets one batch run."""
         if not decoding:
             return None
         now = time.monotonic()
         rows = [RowPace(x.params.max_tokens, len(x.output_token_ids), now - x.first_token_time)
                 for x in decoding if x.first_token_time is not None]
         whole_gpu_ms = self.perf.decode_ms(len(decoding), ctx, self.total_sms)
-        return rows_step_ms(rows, self.slo.tpot_ms, whole_gpu_ms)
+        later_ms = max(whole_gpu_ms, self.decode_gaps.mean_ms or whole_gpu_ms)
+        return rows_step_ms(rows, self.slo.tpot_ms, whole_gpu_ms, later_ms, self.slo.prefill_batch_ms)
 
     def _static_split(self) -> bool:
         """Whether the static policy decides (static mode with a split to hold)."""
@@ -507,6 +510,7 @@ class SpatialEngine:
                 self.rows.grant(row, seq.block_table[before:])
         sms = step.split.decode_sms
         self.last_sms = (self.last_sms[0], self.partitioner.total_sms and sms)
+        self.decode_gaps.step_done(received)
         rows = len(step.row_ids)
         if step.prompt_results is not None and self.fused:
             job = self.fused.popleft()

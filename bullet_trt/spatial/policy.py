@@ -18,7 +18,8 @@ decode's step beside a prefill for `tpot_plan` of the TPOT SLO (a per-step bound
 a per-request mean, so a plan near or above 1 can still keep the mean within the SLO), and
 TTFT's for the split with a wide one (half the SLO by default), so that prompts are not
 prefilled at the SLO's edge. With `serve.row_tpot_budget`, decode's step is also kept within
-what its rows can afford: a request of few tokens averages few steps (spatial/row_pace.py).
+what its rows can afford over a prefill's planned length: a request of few tokens averages few
+steps, a long one mostly steps run alone (spatial/row_pace.py).
 The batch admits waiting prompts, earliest deadline first, while the predicted prefill time
 keeps each within its deadline.
 
@@ -98,6 +99,12 @@ class SloConfig:
         """The longest step decode is planned to take beside a prefill."""
         return self.tpot_ms * self.tpot_plan
 
+    @property
+    def prefill_batch_ms(self) -> float:
+        """The longest a prefill batch is planned to take where TTFT can be kept: half the
+        planned TTFT budget, so that a prompt that just missed one batch makes the next."""
+        return self.ttft_ms * self.ttft_plan / 2
+
 
 def step_target(state: PolicyState, slo: SloConfig) -> float:
     """The longest step decode is planned to take beside a prefill: the plan's share of the
@@ -161,7 +168,7 @@ def queue_meets_ttft(state: PolicyState, slo: SloConfig, model: PerfModel, sms: 
         batch = [state.waiting[i] for i in order[start:end]]
         ms = model.prefill_ms(PrefillShape.of([w.num_tokens for w in batch]), sms)
         elapsed += ms
-        if ms > budget / 2:
+        if ms > slo.prefill_batch_ms:
             return False
         if any(elapsed > (w.arrival - state.now) * 1e3 + budget for w in batch):
             return False
