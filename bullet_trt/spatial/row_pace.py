@@ -24,7 +24,8 @@ remainder beside the prefill, so its gaps must each fit budget / gaps. Otherwise
     beside_ms x (1 - later_ms / B) <= budget - gaps x later_ms  (its slack)
 
 so B is free when the slack covers the whole prefill and at most later_ms x beside_ms /
-(beside_ms - slack) when it does not. `length` is the request's max_tokens: exact where the
+(beside_ms - slack) when it does not. `beside_ms` is the longest the policy plans one batch
+to take; a longer prefill (the queue already late) spends more of a row's budget than counted. `length` is the request's max_tokens: exact where the
 output runs to it, an upper bound where an end token stops it sooner (then the row could
 afford less than this says). A row that could not be kept within the SLO even if every gap
 left ran at decode's whole-GPU step is past saving and bounds nothing.
