@@ -3,12 +3,12 @@ cancellation poll's turns, as real threads."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from bullet_trt.serving.triton.delivery import Delivery
 from bullet_trt.serving.triton.model import next_turn
+from tests.polling import wait_for
 
 
 def test_one_shards_items_leave_in_order_and_a_slow_shard_does_not_hold_the_others():
@@ -25,9 +25,7 @@ def test_one_shards_items_leave_in_order_and_a_slow_shard_does_not_hold_the_othe
     for n in range(5):
         delivery.put(0, (0, n))
         delivery.put(1, (1, n))
-    deadline = time.monotonic() + 10
-    while len(seen) < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: len(seen) >= 5, what="shard 1's five items", timeout=10)
     assert seen == [(1, n) for n in range(5)]  # shard 1 went on while shard 0 waited
     release.set()
     delivery.close()
