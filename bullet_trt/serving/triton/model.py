@@ -340,7 +340,7 @@ class TritonPythonModel:
             text, st.pending_text = st.pending_text, ""
             ending, st.ending = st.ending, None
             if ending is None:
-                if st.done or st.cancelled or not text:  # done: its ending is queued behind
+                if st.done or st.cancelled or not text:  # done: its final response has left already
                     return
                 response = self._response(st, text)
             else:
