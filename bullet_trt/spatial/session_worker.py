@@ -29,6 +29,7 @@ import torch
 import torch.multiprocessing as mp
 
 from bullet_trt.engine.gc_freeze import freeze_startup_objects
+from bullet_trt.engine.memory_watch import ReservedMemoryWatch
 from bullet_trt.engine.shared_state import attach_session
 from bullet_trt.engine.step_failure import device_usable
 from bullet_trt.engine.tp_group import TPGroup
@@ -84,6 +85,9 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
         _capture_graphs(session, part, name, splits, set_num_sms)
         clock = _start_clock(device, part, splits) if setup.gpu_clock and device.type == "cuda" else None
         freeze_startup_objects()
+        memory = ReservedMemoryWatch.for_device(name, device)
+        if memory is not None:
+            memory.started()
         outbox.put(WorkerReady(name, os.getpid(), part.describe(), session.model.fused_groups,
                                _piecewise_ready(session)))
     except Exception:
@@ -120,6 +124,8 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                         waited_ms = _wait_for_epoch(decode_epoch, epoch, parent)
                         results, elapsed_ms, start, gpu_window = _timed_run(session, device, part, name, split,
                                                                             set_num_sms, items, clock)
+                        if memory is not None:
+                            memory.after_step([len(it.input_token_ids) for it in items])
                         outbox.put(BatchDone(name, results, elapsed_ms, start, waited_ms, gpu_window))
                     except Exception:
                         if not device_usable(device):
@@ -150,6 +156,8 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                 outbox.put(RowsLeft(left))
             outbox.put(DecodeStepFailed(trace, failed, bool(prompts)))
             continue
+        if memory is not None:
+            memory.after_step([len(it.input_token_ids) for it in rows + prompts])
         row_results = results[:len(rows)]
         tokens = [r.token_id for r in row_results]
         step = DecodeStep(row_ids=[row_id for row_id, _ in ran], token_ids=tokens,
