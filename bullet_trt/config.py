@@ -104,8 +104,12 @@ class ServeConfig:
     # of the TPOT SLO. TPOT is each request's mean over its steps, most of which run shorter
     # than the bound, so it is conservative: at 1.02 an H200 sustained 48 ShareGPT-like
     # req/s within a 50 ms TPOT (TPOT p99 40-45 ms) against 46 at 0.85 (docs/benchmarks.md).
+    # On an H100 under the three-seed protocol, 1.5 sustained 42 req/s at TPOT <= 40 ms
+    # against 36 at 0.85, and 1.0 sustained 40 at TPOT <= 50 ms against 38.
     # 0.85 stays the default: where nearly every step runs beside a prefill (long prompts,
-    # short outputs) the mean approaches the bound, and that case was not measured above 0.85.
+    # short outputs) the mean approaches the bound, that case and the H200 were not measured
+    # above 0.85 under the protocol, and at 1.5 an H100's workers outgrew the memory the KV
+    # pool left them (docs/benchmarks.md, "The H100's targets with decode planned past the SLO").
     tpot_plan_fraction: float = 0.85
     # bullet: decode's step beside a prefill is also kept within what the decoding rows' TPOT
     # can still afford (bullet_trt/spatial/row_pace.py): a row's mean over its gaps, counting
