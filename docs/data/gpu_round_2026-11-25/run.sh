@@ -50,6 +50,8 @@
 # protocol, moe and pair stages' servers write their iteration log ($OUT/iterations_*.jsonl.gz).
 # $SETS ("key=value ..."): engine overrides for the protocol, moe and pair stages' servers,
 # each named in the runs' label, e.g. SETS="serve.tpot_plan_fraction=1.0".
+# PYTORCH_CUDA_ALLOC_CONF, exported, reaches every process of the server (the engine and its
+# workers) and is named in the protocol stages' labels, e.g. expandable_segments:True.
 # Every stage serves $DATASET (default sharegpt; azure-conv, azure-code) at TTFT <= $TTFT_SLO ms
 # and TPOT <= $TPOT_SLO ms (defaults 1000 and 50), e.g. the targets' second and third rows:
 #   TPOT_SLO=40 PAIR="bullet:2048:36 chunked:1024:26" ... pair   (what two H100s sustained)
@@ -87,6 +89,8 @@ repeated() {  # repeated LABEL: $MODE at ascending $RATE, ${REPEATS:-3} seeds x 
     sets="$sets --set $kv"
     set_tag="$set_tag-${kv#*.}"  # serve.tpot_plan_fraction=1.0 -> -tpot_plan_fraction=1.0
   done
+  # an allocator setting for every process of the server names itself too
+  [ -n "${PYTORCH_CUDA_ALLOC_CONF:-}" ] && set_tag="$set_tag-alloc=${PYTORCH_CUDA_ALLOC_CONF//[:,]/_}"
   local limit=${LIMIT:-590}
   [ -z "${LIMIT:-}" ] && [ -n "${DEADLINE:-}" ] && limit=$((DEADLINE - $(date +%s) - 10))
   [ "$limit" -gt 30 ] || { echo "run.sh: $((limit)) s left before DEADLINE: $1 not started"; return; }
