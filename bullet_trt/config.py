@@ -111,6 +111,10 @@ class ServeConfig:
     # above 0.85 under the protocol, and at 1.5 an H100's workers outgrew the memory the KV
     # pool left them (docs/benchmarks.md, "The H100's targets with decode planned past the SLO").
     tpot_plan_fraction: float = 0.85
+    # bullet: the plan above moves with the TPOT that finished requests got: up while their
+    # 90th percentile sits below 0.8 of the SLO, down below 0.9 of it (spatial/plan_tuner.py),
+    # starting from tpot_plan_fraction, within [0.7, 2]. Off by default until measured on a GPU.
+    tpot_plan_auto: bool = False
     # bullet: decode's step beside a prefill is also kept within what the decoding rows' TPOT
     # can still afford (bullet_trt/spatial/row_pace.py): a row's mean over its gaps, counting
     # the steps it will run after the prefill at the recent mean gap, its length from its

@@ -377,3 +377,22 @@ def test_chunked_steps_that_fail_end_their_requests_until_they_keep_failing(llam
         assert [finished[f"r{i}"].finish_reason for i in range(5)] == ["error", "error", "length", "error", "error"]
         assert finished["r2"].num_output_tokens == 4
         assert "step failed in the engine" in finished["r0"].error and "IndexError" in finished["r0"].error
+
+
+def test_the_plan_follows_the_tpot_of_finished_requests(llama_engine):
+    """serve.tpot_plan_auto: every request that ends with tokens gives the tuner its TPOT,
+    and the policy's next decision plans decode's step with the tuner's plan (here far inside
+    a generous SLO, so it rises; the tuner's own rules are tests/test_plan_tuner.py)."""
+    from bullet_trt.spatial.plan_tuner import TpotPlanTuner
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    with LLM(str(llama_engine), **{"serve.mode": "bullet", "serve.tpot_plan_auto": True,
+                                   "serve.tpot_slo_ms": 10_000.0, "serve.tpot_plan_fraction": 0.85}) as llm:
+        core = llm.engine
+        assert core.plan_tuner is not None and core.slo.tpot_plan == 0.85
+        # the serving defaults wait for 50 requests and move once a second
+        core.plan_tuner = TpotPlanTuner(10_000.0, 0.85, min_requests=4, interval_s=0.0)
+        llm.generate_token_ids(prompts(6, seed=21), params)
+        assert len(core.plan_tuner.recent) == 6
+        assert all(0 < t < 10_000.0 for t in core.plan_tuner.recent)
+        llm.generate_token_ids(prompts(1, seed=22), params)  # one more decision, with the tuner's plan
+        assert core.slo.tpot_plan == core.plan_tuner.value > 0.85

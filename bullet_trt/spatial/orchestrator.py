@@ -48,6 +48,7 @@ from bullet_trt.spatial.iteration_log import IterationLog
 from bullet_trt.spatial.partitioners import make_partitioner
 from bullet_trt.spatial.perf_model import ModelCost, PerfModel, PrefillShape
 from bullet_trt.spatial.policy import Decision, PolicyState, SloConfig, WaitingPrompt, bullet_policy, static_policy
+from bullet_trt.spatial.plan_tuner import TpotPlanTuner
 from bullet_trt.spatial.queues import SpatialQueues
 from bullet_trt.spatial.row_pace import GapMeter, RowPace, rows_step_ms
 from bullet_trt.spatial.session_worker import SessionWorker, WorkerDied, worker_profiles
@@ -104,6 +105,8 @@ class SpatialEngine:
         self.slo = SloConfig(ttft_ms=s.ttft_slo_ms, tpot_ms=s.tpot_slo_ms, ttft_plan=s.ttft_plan_fraction,
                              tpot_plan=s.tpot_plan_fraction)
         self.perf = self._load_perf_model(device)
+        self.plan_tuner = (TpotPlanTuner(s.tpot_slo_ms, s.tpot_plan_fraction, floor=min(0.7, s.tpot_plan_fraction))
+                           if s.tpot_plan_auto else None)
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
         self.decode_epoch = ctx.RawValue("q", 0)  # the split epoch the decode worker runs at
@@ -256,6 +259,10 @@ class SpatialEngine:
         acknowledges (DecodeRows), or now when it never joined."""
         self.rows.leave(seq)
         self.queues.release(seq)
+        emitted = len(seq.output_token_ids)
+        if (self.plan_tuner is not None and seq.finish_reason in ("stop", "length")
+                and seq.first_token_time is not None and emitted >= 2):
+            self.plan_tuner.record((time.monotonic() - seq.first_token_time) * 1e3 / (emitted - 1))
         if seq in self.starved:
             self.starved.remove(seq)
 
@@ -330,6 +337,8 @@ class SpatialEngine:
     # -- prefill ----------------------------------------------------------------------------
     def _decision(self, candidates: list[Sequence]) -> Decision:
         q, s = self.queues, self.cfg.serve
+        if self.plan_tuner is not None:
+            self.slo.tpot_plan = self.plan_tuner.plan(time.monotonic())
         decoding = [x for x in q.decoding if x.status is SeqStatus.RUNNING]
         ctx = sum(x.num_tokens for x in decoding)
         state = PolicyState(
@@ -465,7 +474,8 @@ class SpatialEngine:
         self.last_sms = (self.partitioner.total_sms and sms, self.last_sms[1])
         self.log.record("prefill", job.split, done.start, received, len(job.seqs), sum(job.tokens),
                         job.predicted_ms, done.measured_ms, self.queues, split_wait_ms=done.waited_ms,
-                        gpu_window_ns=done.gpu_window_ns)
+                        gpu_window_ns=done.gpu_window_ns,
+                        tpot_plan=self.slo.tpot_plan if self.plan_tuner is not None else None)
         return outputs
 
     def _prefill_failed(self, job: PrefillJob, trace: str) -> list[RequestOutput]:
