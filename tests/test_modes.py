@@ -396,3 +396,4 @@ def test_the_plan_follows_the_tpot_of_finished_requests(llama_engine):
         assert all(0 < t < 10_000.0 for t in core.plan_tuner.recent)
         llm.generate_token_ids(prompts(1, seed=22), params)  # one more decision, with the tuner's plan
         assert core.slo.tpot_plan == core.plan_tuner.value > 0.85
+        assert core.stats().tpot_plan == core.plan_tuner.value  # bullet_tpot_plan_fraction on /metrics

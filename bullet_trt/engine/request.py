@@ -54,6 +54,9 @@ class EngineStats:
     num_preemptions: int = 0
     prefill_sms: int = 0  # SMs of the last prefill / decode iteration (spatial modes)
     decode_sms: int = 0
+    # bullet: decode's step beside a prefill is planned for this fraction of the TPOT SLO
+    # (serve.tpot_plan_fraction, moved by serve.tpot_plan_auto); 0 in the other modes
+    tpot_plan: float = 0.0
 
 
 @dataclass

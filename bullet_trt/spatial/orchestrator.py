@@ -200,7 +200,8 @@ class SpatialEngine:
                            kv_blocks_total=self.allocator.num_blocks, kv_blocks_free=min(free),
                            kv_blocks_free_by_rank=free,
                            tokens_generated=self.requests.tokens_generated, num_preemptions=q.num_preemptions,
-                           prefill_sms=self.last_sms[0], decode_sms=self.last_sms[1])
+                           prefill_sms=self.last_sms[0], decode_sms=self.last_sms[1],
+                           tpot_plan=self.slo.tpot_plan if self.cfg.serve.mode == "bullet" else 0.0)
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         return self.requests.fail_all(message)

@@ -12,6 +12,7 @@
     bullet_requests_refused_total          counter    refused at once because the engine's queue was full
     bullet_engine_ready                    gauge      1 while the engine process serves, 0 after it died
     bullet_prefill_sms / _decode_sms       gauge      SMs of the last prefill / decode iteration (spatial modes)
+    bullet_tpot_plan_fraction              gauge      bullet: decode's step beside a prefill, planned as this share of the TPOT SLO
 
 Every series carries the labels model and version. Without Triton (unit tests, the offline
 API) `Metrics(None)` accepts the same calls and records nothing but its own counters.
@@ -44,7 +45,7 @@ NAMES = (
     "bullet_requests_waiting", "bullet_requests_running", "bullet_kv_blocks_used",
     "bullet_kv_blocks_free", "bullet_generation_tokens_total", "bullet_preemptions_total",
     "bullet_requests_finished_total", "bullet_engine_ready", "bullet_prefill_sms", "bullet_decode_sms",
-    "bullet_requests_refused_total", "bullet_kv_blocks_free_by_rank",
+    "bullet_requests_refused_total", "bullet_kv_blocks_free_by_rank", "bullet_tpot_plan_fraction",
 )
 
 
@@ -105,6 +106,8 @@ class Metrics:
         self.decode_sms = make(NAMES[11], "SMs of the last decode iteration (bullet and static modes)", G)
         self.refused_total = make(NAMES[12], "Requests refused at once (UNAVAILABLE) because the engine's "
                                   "queue held serve.max_queue requests or serve.max_queue_tokens prompt tokens", C)
+        self.tpot_plan = make(NAMES[14], "bullet: decode's step beside a prefill is planned for this fraction of "
+                              "the TPOT SLO (serve.tpot_plan_fraction, moved by serve.tpot_plan_auto); 0 in other modes", G)
         # one per rank, made when the first stats say how many ranks there are
         self._rank_free = lambda rank: make(NAMES[13], "KV-cache blocks free in this tensor-parallel rank's pool",
                                             G, {"rank": str(rank)})
@@ -149,6 +152,7 @@ class Metrics:
                 self._set(f"kv_free_rank{rank}", self.kv_free_by_rank[rank], free)
             self._set("prefill_sms", self.prefill_sms, getattr(s, "prefill_sms", 0))
             self._set("decode_sms", self.decode_sms, getattr(s, "decode_sms", 0))
+            self._set("tpot_plan", self.tpot_plan, getattr(s, "tpot_plan", 0.0))
             if s.tokens_generated > self._tokens:
                 self._call(self.tokens, "increment", s.tokens_generated - self._tokens)
                 self._tokens = s.tokens_generated
