@@ -34,9 +34,11 @@ class Group:
     """Requests over a few gRPC bidirectional streams (one client each).
 
     Triton's gRPC stream reports an error without the request's id (only a final response
-    carries it), so errors are counted per stream: each request ends with exactly one final
-    response or one error, and a stream whose requests are all accounted for has as many
-    errors as requests without a final response.
+    carries it). The model's errors name their request in the message
+    (bullet_trt/serving/triton/request_errors.py), but Triton's own refusal of a request for
+    the model once it has unloaded names none, so errors are counted per stream: each request
+    ends with exactly one final response or one error, and a stream whose requests are all
+    accounted for has as many errors as requests without a final response.
     """
 
     def __init__(self, url: str, connections: int, model: str):

@@ -117,6 +117,7 @@ def test_sigterm_to_serve_ends_open_streams_and_every_process_and_frees_the_port
     finally:
         s.close()
     assert res.error is not None and "server is shutting down" in res.error, res.error
+    assert res.error.startswith(f"[request id: {rid}] "), res.error  # the stream drops its id
     assert proc.wait(timeout=120) == 0, log.read_text(errors="replace")
     wait_for(lambda: not running(procs), f"no process left of {procs}")
     wait_for(lambda: ports_bind(ports), "the ports free again")

@@ -518,7 +518,16 @@ BAD_INPUTS = [
 ]
 
 
+# tritonserver refuses these itself, before the model sees them, with a message naming no
+# request (tritonserver 2.51); its other refusals (a wrong type or shape) start with the id as
+# the model's errors do.
+TRITON_ERRORS_WITHOUT_ID = {"unknown input"}
+
+
 def test_bad_inputs_get_errors_while_others_keep_streaming(server):
+    """Each error names the request it ends, in the form request_errors.py reads back: the gRPC
+    stream hands the callback an error without its request's id."""
+    from bullet_trt.serving.triton.request_errors import split_request_id
     good = GrpcStreams(server.grpc_url)
     bad = GrpcStreams(server.grpc_url)
     try:
@@ -527,14 +536,19 @@ def test_bad_inputs_get_errors_while_others_keep_streaming(server):
         first = good.first(rid)
         assert first[0] == "result"
         for name, fields, types, shapes, expected in BAD_INPUTS:
+            bad_rid = None
             try:
-                res = bad.collect(bad.send(fields, types=types, shapes=shapes), timeout=60)
+                bad_rid = bad.send(fields, types=types, shapes=shapes)
+                res = bad.collect(bad_rid, timeout=60)
                 error = res.error
             except Exception as e:  # the client refuses some inputs itself
                 error = str(e)
             assert error is not None, f"{name}: no error"
             for sub in expected:
                 assert sub in error, f"{name}: {sub!r} not in {error!r}"
+            if bad_rid is not None and name not in TRITON_ERRORS_WITHOUT_ID:
+                assert split_request_id(error)[0] == bad_rid, f"{name}: {error!r} does not name {bad_rid}"
+                assert error.startswith(f"[request id: {bad_rid}] "), error
         rest = good.collect(rid)
         assert rest.error is None and rest.final, rest.error
         counts = [int(r.as_numpy("num_output_tokens").reshape(-1)[0]) for r in [first[1]] + rest.responses
@@ -543,9 +557,12 @@ def test_bad_inputs_get_errors_while_others_keep_streaming(server):
     finally:
         good.close()
         bad.close()
-    # the same errors reach HTTP clients of the generate endpoint, as 400s
+    # the same errors reach HTTP clients of the generate endpoint, as 400s; without an id they
+    # name no request
     status, body = server.generate({"text_input": "hi", "max_tokens": 0})
-    assert status == 400 and "max_tokens must be >= 1" in body["error"]
+    assert status == 400 and body["error"].startswith("max_tokens must be >= 1"), body
+    status, body = server.generate({"id": "h1", "text_input": "hi", "max_tokens": 0})
+    assert status == 400 and body["error"].startswith("[request id: h1] max_tokens must be >= 1"), body
     status, body = server.generate({"text_input": "hi", "top_p": 2.0})
     assert status == 400 and "top_p" in body["error"]
 
@@ -614,6 +631,7 @@ def test_engine_death_errors_in_flight_and_model_goes_not_ready(long_engine, tmp
         os.kill(pids[0], signal.SIGKILL)
         res = s.collect(rid, timeout=60)
         assert res.error is not None and "engine process died" in res.error
+        assert res.error.startswith(f"[request id: {rid}] "), res.error  # the stream drops its id
         http = httpclient.InferenceServerClient(srv.http_url)
         wait_for(lambda: not http.is_model_ready(MODEL), what="model reported not ready")
         assert not http.is_server_ready()  # strict readiness follows the model

@@ -262,8 +262,9 @@ class GrpcStreams:
 
     @staticmethod
     def _error_request_id(error) -> str:
-        m = re.search(r"\[request id: ([^\]]*)\]", str(error))
-        return m.group(1) if m else "?"
+        from bullet_trt.serving.triton.request_errors import split_request_id
+        message = error.message() if hasattr(error, "message") else str(error)
+        return split_request_id(message or "")[0] or "?"
 
     def send(self, fields: dict, model: str = "bullet", types=None, shapes=None, raw_inputs=None) -> str:
         self._n += 1

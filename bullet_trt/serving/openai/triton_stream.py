@@ -20,6 +20,7 @@ import tritonclient.grpc.aio as grpcaio
 
 from bullet_trt.serving.openai.errors import OpenAIError, invalid
 from bullet_trt.serving.triton.frontend import INPUTS
+from bullet_trt.serving.triton.request_errors import split_request_id
 
 NUMPY = {"BYTES": np.object_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
 RETRY_AFTER_S = 1
@@ -110,6 +111,9 @@ class TritonStreams:
                 call.cancel()
 
     def _error(self, code: grpc.StatusCode | None, details: str, renames: dict[str, str]) -> OpenAIError:
+        # Our own request id names nothing the HTTP client knows, and the message's first word
+        # must be the field it is about (errors.invalid).
+        details = split_request_id(details)[1]
         # The app has checked the model's name already, so Triton not knowing it means it is not
         # loaded now (it unloads itself when its engine dies); Triton says so as INVALID_ARG.
         if code == grpc.StatusCode.NOT_FOUND or details.startswith("Request for unknown model"):

@@ -15,10 +15,13 @@ Flow of one request::
 Every request ends with exactly one response (or flag) carrying
 TRITONSERVER_RESPONSE_COMPLETE_FINAL: its last text, an error naming the input and the
 limit it broke, "cancelled", a refusal because the engine's queue is full (UNAVAILABLE:
-retry later or elsewhere), "server is shutting down" (UNAVAILABLE), or the engine's failure. If the engine process dies, in-flight
-requests get an error, `bullet_engine_ready` drops to 0 and, when the server runs with
-``--model-control-mode=explicit`` (as `bullet-trt serve` starts it), the model unloads
-itself so that Triton reports it not ready.
+retry later or elsewhere), "server is shutting down" (UNAVAILABLE), or the engine's failure.
+An error's message starts with ``[request id: <id>] ``, the id the client gave the request
+(no prefix without one): Triton's gRPC stream drops the id of an error response, and a
+client with many requests on one stream reads it from there (request_errors.py). If the
+engine process dies, in-flight requests get an error, `bullet_engine_ready` drops to 0 and,
+when the server runs with ``--model-control-mode=explicit`` (as `bullet-trt serve` starts
+it), the model unloads itself so that Triton reports it not ready.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from bullet_trt.engine.validation import RequestError, RequestLimits
 from bullet_trt.serving.triton.delivery import Delivery
 from bullet_trt.serving.triton.frontend import Frontend, FrontendLimits, ParsedRequest
 from bullet_trt.serving.triton.metrics import Metrics
+from bullet_trt.serving.triton.request_errors import with_request_id
 from bullet_trt.serving.engine_process import SHUTTING_DOWN, AsyncEngine, EngineClient, EngineUnavailable
 from bullet_trt.serving.text_stream import TextStream
 from bullet_trt.engine.gc_freeze import freeze_startup_objects
@@ -114,6 +118,14 @@ def resolve_engine_dir(value: str, model_dir: Path | None) -> Path:
         f"build one with `python build_engines.py` or point {ENGINE_DIR_ENV} at one")
 
 
+def client_request_id(request) -> str:
+    """The id the client gave `request` ("" if none)."""
+    try:
+        return request.request_id() or ""
+    except Exception:
+        return ""
+
+
 def next_turn(active: list, checked: int, limit: int) -> tuple[list, int]:
     """The next `limit` of `active`, going on from `checked` (the count so far) and round from
     the end to the start, so that every request is checked in turn however many there are;
@@ -135,6 +147,7 @@ class _Active:
     parsed: ParsedRequest
     text_stream: TextStream
     arrival: float
+    client_id: str = ""  # the client's id for it (rid is ours, for the engine)
     lock: threading.Lock = field(default_factory=threading.Lock)
     first_token: float | None = None
     last_token: float | None = None
@@ -224,23 +237,25 @@ class TritonPythonModel:
                 self._start(request)
             except Exception as e:  # never let one request take the others down
                 log.exception("bullet: unexpected error while starting a request")
-                self._send_error_final(request.get_response_sender(), f"internal error: {e}", "INTERNAL")
+                self._send_error_final(request.get_response_sender(), client_request_id(request),
+                                       f"internal error: {e}", "INTERNAL")
         return None
 
     def _start(self, request) -> None:
         sender = request.get_response_sender()
         arrival = time.monotonic()
+        client_id = client_request_id(request)
         try:
             inputs = {t.name(): t.as_numpy() for t in request.inputs()}
             parsed = self.frontend.parse(inputs)
         except RequestError as e:
             self.metrics.request_finished("rejected")
-            self._send_error_final(sender, str(e), "INVALID_ARG")
+            self._send_error_final(sender, client_id, str(e), "INVALID_ARG")
             return
         n = next(self._ids)
         rid = f"r{n}"
         stream = TextStream(self.tokenizer, parsed.params.stop, parsed.params.min_tokens)
-        state = _Active(rid, request, sender, parsed, stream, arrival, shard=n)
+        state = _Active(rid, request, sender, parsed, stream, arrival, client_id=client_id, shard=n)
         with self._active_lock:
             self._active[rid] = state
         try:
@@ -256,7 +271,7 @@ class TritonPythonModel:
                 if state.done:
                     return
                 state.done = True
-                self._send_error_final(sender, msg, code)
+                self._send_error_final(sender, client_id, msg, code)
             self.metrics.request_finished("error" if isinstance(e, EngineUnavailable) else "rejected")
 
     # -- engine outputs (reader thread) ---------------------------------------------------------
@@ -356,7 +371,7 @@ class TritonPythonModel:
                     st.cancelled = True
                 self.engine.abort(st.rid)
         elif isinstance(response, tuple):  # an error: (message, code)
-            self._send_error_final(st.sender, *response)
+            self._send_error_final(st.sender, st.client_id, *response)
         else:
             self._send(st, response, final)
 
@@ -421,7 +436,10 @@ class TritonPythonModel:
                 pass
         return err_cls(message)
 
-    def _send_error_final(self, sender, message: str, code: str) -> None:
+    def _send_error_final(self, sender, client_id: str, message: str, code: str) -> None:
+        """Ends a request with an error. Its message names the client's request id, since
+        Triton's gRPC stream drops an error response's id (request_errors.py)."""
+        message = with_request_id(message, client_id)
         try:
             sender.send(self.pb.InferenceResponse(output_tensors=[], error=self._error(message, code)),
                         flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
