@@ -667,6 +667,22 @@ def test_serve_bench_end_to_end(server, tmp_path, capsys):
     assert "sent 8/8" in printed.err  # the progress line
 
 
+def test_loadgen_ends_a_request_its_error_names_at_once(server):
+    """The gRPC stream hands an error over without its request's id; the model's message names
+    it, so the load generator ends that request as failed and the run does not wait its drain
+    for a final response that will never come (it did, on a GPU's failed prefill step)."""
+    from bullet_trt.tools.bench.datasets import BenchRequest
+    from bullet_trt.tools.bench.loadgen import LoadGenerator, LoadGenOptions
+    requests = [BenchRequest(i, 0.05 * i, 4, out, prompt="hello there") for i, out in enumerate([3, 100000, 3])]
+    res = LoadGenerator(server.grpc_url, LoadGenOptions(drain_timeout_s=60, timeout_s=120)).run(requests)
+    assert res.stopped_early is None and res.notes == [], (res.stopped_early, res.notes)
+    first, refused, last = res.records
+    assert first.ok and last.ok
+    assert not refused.finished and refused.end_s is not None
+    # recorded without the id, so that a report counts errors by what they say
+    assert refused.error.startswith("max_tokens must be <= 1023"), refused.error
+
+
 def test_a_rate_is_decided_once_its_mean_attainment_cannot_reach_the_target():
     from bullet_trt.tools.bench.decided import misses_that_decide, rate_failed
     # three repeats, none measured: this run may miss 30% (its two successors at 100% would

@@ -12,7 +12,10 @@ the TensorRT-LLM tensor names::
 The callback stamps every response with ``time.perf_counter()`` and its token count: the
 response's ``num_output_tokens`` (this server reports the tokens of that response when
 streaming), or 1 per non-empty ``text_output`` when the server does not return it. A
-request ends with the response flagged ``triton_final_response`` or with an error.
+request ends with the response flagged ``triton_final_response`` or with an error. The
+stream hands an error over without its request's id; the error's message names it instead
+(``[request id: <id>] ``, bullet_trt/serving/triton/request_errors.py), and an error that
+names none is only counted, in the run's notes.
 
 The run is bounded: after the last request has been sent, the generator waits at most
 ``drain_timeout_s`` for the stragglers (and never longer than ``timeout_s`` in all), then
@@ -23,7 +26,6 @@ that many requests are known to miss the TTFT SLO (``ttft_slo_s``) or have faile
 """
 from __future__ import annotations
 
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,10 +33,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from bullet_trt.serving.triton.request_errors import split_request_id
 from bullet_trt.tools.bench.datasets import BenchRequest
 from bullet_trt.tools.bench.metrics import RequestRecord
-
-_RID = re.compile(r"\[request id: ([^\]]*)\]")
 
 
 @dataclass
@@ -129,8 +130,7 @@ class LoadGenerator:
         now = time.perf_counter() - self._t0
         if error is not None:
             msg = error.message() if hasattr(error, "message") and callable(error.message) else str(error)
-            m = _RID.search(str(error))
-            rid = m.group(1) if m else None
+            rid, rest = split_request_id(msg or "")
             with self._lock:
                 rec = self._records.get(rid) if rid else None
                 if rec is None:
@@ -141,7 +141,7 @@ class LoadGenerator:
                         self._abort_all(now, f"gRPC stream failed: {msg}")
                     return
                 if rid not in self._done:
-                    rec.error = msg or "error"
+                    rec.error = rest or "error"  # without the id: reports count errors by message
                     rec.end_s = now
                     self._finish(rid)
             return
