@@ -209,6 +209,32 @@ def test_banned_tokens_are_masked_per_row_in_one_batch():
     assert tokens.tolist() == [7, 4, 0]
 
 
+def test_sampling_in_a_scratch_buffer_picks_what_a_fresh_copy_does():
+    """A GPU session samples its bf16 logits in one float32 buffer made at start
+    (`float32_scratch`); tokens and log-probabilities are those of a fresh float32 copy, for
+    greedy, seeded and banned rows, and a batch larger than the buffer still samples."""
+    from bullet_trt.engine.sampling import SamplingBatch, float32_scratch, sample
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(6, 50, generator=g) * 3).to(torch.bfloat16)
+    params = [SamplingParams(temperature=0.0, logprobs=True), SamplingParams(temperature=0.8, seed=5),
+              SamplingParams(temperature=1.2, top_k=7, seed=9, logprobs=True),
+              SamplingParams(temperature=0.7, top_p=0.5, seed=1), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.0, seed=2)]
+    banned = [[], [3], [], [int(logits[3].float().argmax())], [], []]
+
+    def picks(scratch):
+        batch = SamplingBatch.build(params, list(range(6)), banned, "cpu")
+        tokens, logprobs = sample(logits.clone(), batch, scratch)
+        return tokens.tolist(), logprobs.tolist()
+
+    fresh = picks(None)
+    scratch = torch.full((8, 50), float("nan"))
+    assert picks(scratch) == fresh
+    assert torch.isfinite(scratch[:6]).any() and torch.isnan(scratch[6:]).all()  # it was used, its rows only
+    assert picks(torch.empty(4, 50)) == fresh  # too few rows: a fresh copy
+    assert float32_scratch(4, 50, torch.device("cpu")) is None
+
+
 def test_outputs_of_one_request_coalesce_in_order():
     from bullet_trt.engine.request import RequestOutput, coalesce
     outs = [RequestOutput("a", [1], [-0.1]), RequestOutput("b", [7]), RequestOutput("a", [2, 3], [-0.2, -0.3]),

@@ -6,7 +6,8 @@ the headroom the fraction leaves. On an 80 GB H100 that headroom ran out mid-run
 worker grew from 10.10 to 10.38 GiB within one run and prefill steps failed for want of
 tens of MiB (docs/benchmarks.md, "The H100's targets with decode planned past the SLO"). A
 line in the server log per growth, naming the worker and the step that caused it, shows
-which worker grows on which step shapes.
+which worker grows on which step shapes. (The growth suspected there, sampling's float32 copy
+of each step's logits, now has a buffer made at start: engine/sampling.float32_scratch.)
 """
 from __future__ import annotations
 

@@ -106,13 +106,18 @@ class SamplingBatch:
         )
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Picks one token per row of float32 logits (B, V).
+def sample(logits: torch.Tensor, batch: SamplingBatch,
+           scratch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Picks one token per row of logits (B, V), in float32.
 
     Returns (token ids int64 (B,), log-probabilities of those tokens under the model's
-    unmodified distribution, or None when no row asked for them).
+    unmodified distribution, or None when no row asked for them). `scratch`, a float32
+    (rows, V) buffer, takes the float32 copy when it has the rows (`float32_scratch`).
     """
-    logits = logits.float()
+    if scratch is not None and logits.dtype != torch.float32 and logits.shape[0] <= scratch.shape[0]:
+        logits = scratch[:logits.shape[0]].copy_(logits)
+    else:
+        logits = logits.float()
     if any(batch.banned):
         # One scatter for the whole batch: a benchmark's fixed-length requests ban the end
         # tokens on every row, and one indexing op per row costs more than the step's GEMMs.
@@ -149,3 +154,18 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
         tokens = torch.where(batch.temperature > 0, race.argmax(dim=-1), greedy_ids)
     token_logprobs = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1) if logprobs is not None else None
     return tokens, token_logprobs
+
+
+def float32_scratch(rows: int, vocab: int, device: torch.device) -> torch.Tensor | None:
+    """The buffer a GPU session samples its steps' float32 logits in, made once at start.
+
+    Otherwise each step allocates its own (B x V x 4 bytes, half a GiB at 1024 rows of a
+    128k vocabulary), of a new size whenever the batch grows. CUDA graph capture empties the
+    caching allocator, so after start every new largest batch took a new segment and kept the
+    smaller ones cached: an H100's decode worker grew by hundreds of MiB within a run, which the
+    prefill worker, another process, could not reclaim, and its steps ran out of memory.
+    None on CPU, where host memory is not the limit."""
+    if device.type != "cuda":
+        return None
+    return torch.empty(rows, vocab, dtype=torch.float32, device=device)
+

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bullet_trt.config import ProfileConfig
-from bullet_trt.engine.sampling import SamplingBatch, SamplingParams, sample
+from bullet_trt.engine.sampling import SamplingBatch, SamplingParams, float32_scratch, sample
 from bullet_trt.kernels.metadata import AttentionMetadata
 
 
@@ -61,6 +61,7 @@ class TorchSession(EngineSession):
         self.profile = profile
         self.device = kv_pool.device
         self.graphs = None
+        self.sample_scratch = None
         if hasattr(model.ops, "use_cublaslt"):
             model.ops.use_cublaslt()
         from bullet_trt.kernels import reference
@@ -73,6 +74,8 @@ class TorchSession(EngineSession):
             from bullet_trt.engine.cuda_graphs import DecodeGraphs
             self.graphs = DecodeGraphs(model, kv_pool, block_size, profile.cuda_graph_batch_sizes,
                                        profile.max_model_len)
+        self.sample_scratch = (float32_scratch(self.graphs.batch_sizes[-1], model.arch.vocab_size, self.device)
+                               if self.graphs is not None else None)
         self.piecewise = None
         if use_cuda_graphs and profile.piecewise_graph_tokens and model.shard.single:
             from bullet_trt.engine.piecewise_graphs import PiecewiseGraphs
@@ -184,7 +187,7 @@ class TorchSession(EngineSession):
         picked = [items[i] for i in rows]
         batch = SamplingBatch.build([it.params for it in picked], [it.output_index for it in picked],
                                     [it.banned_token_ids for it in picked], self.device)
-        tokens, logprobs = sample(logits, batch)
+        tokens, logprobs = sample(logits, batch, self.sample_scratch)
         tokens = tokens.tolist()
         lps = logprobs.tolist() if logprobs is not None else [None] * len(rows)
         for row, tok, lp, it in zip(rows, tokens, lps, picked):

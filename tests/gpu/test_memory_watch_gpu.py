@@ -16,3 +16,30 @@ def test_reports_a_new_allocator_segment():
     line = watch.after_step([2048])
     assert line is not None and "grew by 512 MiB" in line and "GiB free" in line
     del held
+
+
+def test_sampling_in_the_scratch_buffer_keeps_the_allocator_from_growing():
+    """Without the session's float32 buffer, every new largest batch's float32 logits take a new
+    allocator segment and the smaller ones stay cached (after graph capture emptied the cache,
+    that is how a decode worker grew while serving); with it, the batch may grow for free."""
+    from bullet_trt.engine.sampling import SamplingBatch, SamplingParams, float32_scratch, sample
+
+    gpu = torch.device("cuda")
+    vocab = 128256
+    logits = torch.randn(1024, vocab, dtype=torch.bfloat16, device=gpu)
+
+    def growth(scratch) -> int:
+        torch.cuda.synchronize(gpu)
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved(gpu)
+        for b in (256, 384, 512, 640, 768, 896, 1024):
+            batch = SamplingBatch.build([SamplingParams(temperature=0.0)] * b, [0] * b, [[]] * b, gpu)
+            sample(logits[:b], batch, scratch)
+        torch.cuda.synchronize(gpu)
+        return torch.cuda.memory_reserved(gpu) - before
+
+    without = growth(None)
+    scratch = float32_scratch(1024, vocab, gpu)
+    with_scratch = growth(scratch)
+    assert with_scratch < 16 * 2**20, with_scratch
+    assert without > with_scratch + 256 * 2**20, (without, with_scratch)
