@@ -7,12 +7,7 @@ set -eu -o pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 D=docs/data
 R=$D/gpu_round_2026-11-26e/h200
-report() {  # report NAME TPOT_MS PATH... : one compare over the paths, written into $R/NAME
-  local name=$1 tpot=$2
-  shift 2
-  bullet-trt bench serve --compare "$@" --ttft-slo-ms 1000 --tpot-slo-ms "$tpot" --report-dir "$R/$name"
-  rm -f "$R/$name"/latency_cdf_*.png  # one per rate: many files, little to read
-}
+. scripts/round_report.sh  # report NAME TPOT_MS PATH...
 report dense 50 $R/dense \
   $D/gpu_round_2026-11-26/h200/dense/*rate32__seed10[0-2].json.xz \
   $D/gpu_round_2026-11-26/h200/dense/bullet-2048-bullet__sharegpt__rate40__seed10[01].json.xz \
