@@ -255,12 +255,13 @@ def test_report_table_plots_and_compare(tmp_path, capsys):
     rows = [line for line in runs_table.splitlines() if line.startswith("| ") and "label" not in line]
     assert len(rows) == 3 and rows[0].startswith("| bullet | sharegpt | 1 | 0 | 4/4")
     assert "| chunked | sharegpt | 2 | 0 | 4/4" in md and "| 0.0% |" in md  # TTFT 200 ms > 100 ms
+    assert "| 0.0% | 0 / 4 / 0 |" in md and "| 100.0% | 0 / 0 / 0 |" in md  # missed: failed / TTFT / TPOT
     for png in ("slo_attainment_sharegpt.png", "latency_cdf_sharegpt_rate1.png", "latency_cdf_sharegpt_rate2.png"):
         assert (tmp_path / png).stat().st_size > 1000
     # re-scored with a looser TTFT SLO, from the per-request values in the JSON
     assert serve_bench.main(["--compare", str(tmp_path), "--ttft-slo-ms", "500", "--no-plots"]) == 0
     md = (tmp_path / "summary.md").read_text()
-    assert "TTFT <= 500 ms" in md and "| 0.0% |" not in md
+    assert "TTFT <= 500 ms" in md and "| 0.0% |" not in md and "0 / 4 / 0" not in md  # misses re-scored too
     # a report under another SLO beside the runs, leaving the directory's own summary alone
     report = tmp_path / "ttft150"
     assert serve_bench.main(["--compare", str(tmp_path), "--ttft-slo-ms", "150", "--report-dir", str(report)]) == 0
@@ -996,6 +997,11 @@ def test_bench_misses_splits_a_runs_misses_by_cause_and_output_length(tmp_path, 
     out = capsys.readouterr().out
     assert "| 1-9 | 4 | 0 | 0 | 4 | 0.0% | 250.0 / 250.0 | 400.0 | - / - |" in out
     assert "| 10+ | 6 | 1 | 1 | 0 | 66.7% |" in out
+    # the run's line says the same in a few words, and under a looser TPOT SLO the TPOT misses go
+    from bullet_trt.tools.bench.misses import miss_causes
+    from bullet_trt.tools.bench.report import format_row
+    assert "SLO attainment 40.0% (missed: 1 failed or unfinished, 1 on TTFT, 4 on TPOT only)," in format_row(doc)
+    assert miss_causes(doc, 1.0, 0.3) == "missed: 1 failed or unfinished, 1 on TTFT"
     with pytest.raises(SystemExit, match="--edges must be integers"):
         bench_main(["misses", str(path), "--edges", "1,ten"])
     # with the token times stored, the first gap (the new row's wait for decode) stands apart

@@ -52,10 +52,12 @@ class BucketMisses:
         return f"{self.low}+" if self.high is None else f"{self.low}-{self.high - 1}"
 
 
-def misses_by_output_length(doc: dict, edges: tuple[int, ...] = DEFAULT_EDGES) -> list[BucketMisses]:
+def misses_by_output_length(doc: dict, edges: tuple[int, ...] = DEFAULT_EDGES,
+                            slos_s: tuple[float, float] | None = None) -> list[BucketMisses]:
     """The run's requests in buckets of output tokens (a request's planned length where it did
-    not finish), each with its misses by cause under the run's own SLOs."""
-    ttft_slo_s, tpot_slo_s = doc["slo"]["ttft_ms"] / 1e3, doc["slo"]["tpot_ms"] / 1e3
+    not finish), each with its misses by cause under the run's own SLOs, or `slos_s` (TTFT,
+    TPOT in seconds) where given."""
+    ttft_slo_s, tpot_slo_s = slos_s or (doc["slo"]["ttft_ms"] / 1e3, doc["slo"]["tpot_ms"] / 1e3)
     bounds = sorted(set(edges))
     buckets = []
     for i, low in enumerate(bounds):
@@ -76,6 +78,15 @@ def misses_by_output_length(doc: dict, edges: tuple[int, ...] = DEFAULT_EDGES) -
             first_gap_p50_ms=_ms_at([g[0] for g in itls if g], 50),
             later_gap_p50_ms=_ms_at([x for g in itls for x in g[1:]], 50)))
     return buckets
+
+
+def miss_causes(doc: dict, ttft_slo_s: float, tpot_slo_s: float) -> str:
+    """The run's misses by cause in a few words ("" without any): what binds at its rate."""
+    whole = misses_by_output_length(doc, (0,), (ttft_slo_s, tpot_slo_s))[0]
+    causes = [(whole.unfinished, "failed or unfinished"), (whole.ttft_missed, "on TTFT"),
+              (whole.tpot_missed, "on TPOT only")]
+    said = [f"{n} {why}" for n, why in causes if n]
+    return f"missed: {', '.join(said)}" if said else ""
 
 
 def _ms_at(values_s: list[float], p: int) -> float | None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bullet_trt.tools.bench import capacity
+from bullet_trt.tools.bench.misses import miss_causes, misses_by_output_length
 from bullet_trt.tools.bench.report_plots import plot_results
 from bullet_trt.tools.bench.results import RESULT_KIND, load_results
 from bullet_trt.tools.bench.scoring import rescore
@@ -30,7 +31,8 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
                  "docs/benchmarking.md.")
     lines.append("")
     head = ["label", "dataset", "rate (req/s)", "seed", "done", "req/s", "out tok/s", "TTFT p50/p90/p99",
-            "TPOT p50/p90/p99", "ITL p50/p90/p99", "E2E p50", "SLO attain.", "goodput (req/s)",
+            "TPOT p50/p90/p99", "ITL p50/p90/p99", "E2E p50", "SLO attain.", "missed: failed / TTFT / TPOT only",
+            "goodput (req/s)",
             "last third: attain.", "last third: served / asked out tok/s"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join("---" for _ in head) + "|")
@@ -47,6 +49,7 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
         row = [d["label"], d["dataset"], f"{d['rate']:g}", str(d.get("seed", 0)), f"{s['completed']}/{s['num_requests']}",
                f"{s['request_throughput']:.2f}", f"{s['output_token_throughput']:.1f}", trio("ttft_s"),
                trio("tpot_s"), trio("itl_s"), _ms(s["e2e_s"].get("p50")), f"{s['slo_attainment'] * 100:.1f}%",
+               _missed_cell(d, s),
                # a run stopped early counted what it finished over a shortened span (report_plots.per_rate)
                "- (stopped)" if d.get("stopped_early") else f"{s['goodput']:.2f}",
                "-" if tail is None else f"{tail.tail_attainment * 100:.1f}%",
@@ -110,8 +113,22 @@ def format_row(doc: dict) -> str:
             + _responses_text(s) +
             f"TTFT p50 {_ms(s['ttft_s']['p50'])} ms p99 {_ms(s['ttft_s']['p99'])} ms, "
             f"TPOT p50 {_ms(s['tpot_s']['p50'])} ms p99 {_ms(s['tpot_s']['p99'])} ms, "
-            f"SLO attainment {s['slo_attainment'] * 100:.1f}%, goodput {s['goodput']:.2f} req/s"
+            f"SLO attainment {s['slo_attainment'] * 100:.1f}%{_missed_text(doc)}, goodput {s['goodput']:.2f} req/s"
             + _steady_state_text(doc) + _telemetry_text(doc))
+
+
+def _missed_cell(doc: dict, s: dict) -> str:
+    """A run's misses by cause under the SLOs it is scored against (which one binds there)."""
+    if not doc.get("requests"):
+        return "-"
+    whole = misses_by_output_length(doc, (0,), (s["ttft_slo_s"], s["tpot_slo_s"]))[0]
+    return f"{whole.unfinished} / {whole.ttft_missed} / {whole.tpot_missed}"
+
+
+def _missed_text(doc: dict) -> str:
+    s = doc["summary"]
+    said = miss_causes(doc, s["ttft_slo_s"], s["tpot_slo_s"]) if doc.get("requests") else ""
+    return f" ({said})" if said else ""
 
 
 def _responses_text(s: dict) -> str:
