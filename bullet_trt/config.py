@@ -112,7 +112,7 @@ class ServeConfig:
     # pool left them (docs/benchmarks.md, "The H100's targets with decode planned past the SLO").
     tpot_plan_fraction: float = 0.85
     # bullet: the plan above moves with the TPOT that finished requests got: up while their
-    # 90th percentile sits below 0.8 of the SLO, down below 0.9 of it (spatial/plan_tuner.py),
+    # 90th percentile sits below 0.8 of the SLO, down once it passes 0.9 (spatial/plan_tuner.py),
     # starting from tpot_plan_fraction, within [0.7, 2]. Off by default until measured on a GPU.
     tpot_plan_auto: bool = False
     # bullet: decode's step beside a prefill is also kept within what the decoding rows' TPOT
