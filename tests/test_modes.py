@@ -379,13 +379,18 @@ def test_chunked_steps_that_fail_end_their_requests_until_they_keep_failing(llam
         assert "step failed in the engine" in finished["r0"].error and "IndexError" in finished["r0"].error
 
 
-def test_the_plan_follows_the_tpot_of_finished_requests(llama_engine):
+def test_the_plan_follows_the_tpot_of_finished_requests(llama_engine, tmp_path):
     """serve.tpot_plan_auto: every request that ends with tokens gives the tuner its TPOT,
     and the policy's next decision plans decode's step with the tuner's plan (here far inside
-    a generous SLO, so it rises; the tuner's own rules are tests/test_plan_tuner.py)."""
+    a generous SLO, so it rises; the tuner's own rules are tests/test_plan_tuner.py); the
+    iteration log's prefill records carry the plan, and the timeline plot draws it."""
     from bullet_trt.spatial.plan_tuner import TpotPlanTuner
+    from bullet_trt.tools.bench.iteration_records import step_windows
+    from bullet_trt.tools.bench.plot_iterations import plan_series
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    log = tmp_path / "plan.jsonl"
     with LLM(str(llama_engine), **{"serve.mode": "bullet", "serve.tpot_plan_auto": True,
+                                   "serve.iteration_log": str(log),
                                    "serve.tpot_slo_ms": 10_000.0, "serve.tpot_plan_fraction": 0.85}) as llm:
         core = llm.engine
         assert core.plan_tuner is not None and core.slo.tpot_plan == 0.85
@@ -397,3 +402,10 @@ def test_the_plan_follows_the_tpot_of_finished_requests(llama_engine):
         llm.generate_token_ids(prompts(1, seed=22), params)  # one more decision, with the tuner's plan
         assert core.slo.tpot_plan == core.plan_tuner.value > 0.85
         assert core.stats().tpot_plan == core.plan_tuner.value  # bullet_tpot_plan_fraction on /metrics
+    records = load(log)
+    plans = [r["tpot_plan"] for r in records if r["phase"] == "prefill"]
+    assert plans[0] == 0.85 and plans[-1] > 0.85
+    assert "tpot_plan" not in {k for r in records if r["phase"] == "decode" for k in r}
+    shown = list(zip(records, step_windows(records, "host")))
+    assert plan_series(shown)[1] == plans
+    assert plot(records, tmp_path / "plan.png").stat().st_size > 1000

@@ -4,7 +4,8 @@
 
 Each step is a bar as wide as it ran and as tall as its SMs, on the GPU's own clock where the
 log has its stamps (a GPU run with serve.iteration_log), else on the host's; --from/--to zoom
-into seconds of that clock, where single steps can be told apart.
+into seconds of that clock, where single steps can be told apart. A server with
+serve.tpot_plan_auto also has its decode plan drawn over time beside the queues.
 """
 from __future__ import annotations
 
@@ -48,6 +49,12 @@ def plot(records: list[dict], out: str | Path, title: str = "", start: float | N
     for key, color in (("waiting", "tab:red"), ("decoding", "tab:blue"), ("prefilling", "tab:orange")):
         bottom.step(ts, [r.get(key, 0) for r, _ in shown], where="post", color=color, label=key)
     bottom.set_ylabel("requests")
+    plan_ts, plans = plan_series(shown)
+    if plans:  # serve.tpot_plan_auto: the plan each prefill's decode steps ran under
+        right = bottom.twinx()
+        right.step(plan_ts, plans, where="post", color="black", label="decode plan (x TPOT SLO)")
+        right.set_ylabel("decode plan (x TPOT SLO)")
+        right.legend(loc="upper left")
     bottom.set_xlabel("GPU clock (s since the first step)" if clock == "gpu" else "time since start (s)")
     bottom.legend(loc="upper right")
     fig.tight_layout()
@@ -55,6 +62,12 @@ def plot(records: list[dict], out: str | Path, title: str = "", start: float | N
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def plan_series(shown: list[tuple[dict, tuple[float, float]]]) -> tuple[list[float], list[float]]:
+    """(start, plan) of each shown prefill record that names its decode plan."""
+    pairs = [(w[0], r["tpot_plan"]) for r, w in shown if r.get("tpot_plan") is not None]
+    return [t for t, _ in pairs], [p for _, p in pairs]
 
 
 def main(argv: list[str] | None = None) -> int:
