@@ -12,9 +12,12 @@ of each step's logits, now has a buffer made at start: engine/sampling.float32_s
 from __future__ import annotations
 
 import sys
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from bullet_trt.engine.session import BatchItem
 
 GIB = 2**30
 MIB = 2**20
@@ -46,17 +49,20 @@ class ReservedMemoryWatch:
         print(line, file=sys.stderr, flush=True)
         return line
 
-    def after_step(self, token_counts: Sequence[int]) -> str | None:
-        """Call after each step with the new tokens of each of its sequences; reports growth
-        past the last reported figure by at least step_mib (a few lines a run, not one per
-        step) and returns the line, else None."""
+    def after_step(self, *parts: Sequence[BatchItem]) -> str | None:
+        """Call after each step with its items (in as many parts as the step has); reports
+        growth past the last reported figure by at least step_mib (a few lines a run, not one
+        per step) and returns the line, else None. The step is only counted for a report: a
+        decode step of a thousand rows would otherwise pay for it every time."""
         now = self._reserved()
         if now < self.high + self.step_bytes:
             return None
         grown = now - self.high
         self.high = now
+        sequences = sum(len(part) for part in parts)
+        tokens = sum(len(item.input_token_ids) for part in parts for item in part)
         line = (f"bullet-trt: the {self.role} worker's GPU memory grew by {grown / MIB:.0f} MiB to "
-                f"{now / GIB:.2f} GiB on a step of {len(token_counts)} sequences and "
-                f"{sum(token_counts)} tokens{self._device_free()}")
+                f"{now / GIB:.2f} GiB on a step of {sequences} sequences and "
+                f"{tokens} tokens{self._device_free()}")
         print(line, file=sys.stderr, flush=True)
         return line

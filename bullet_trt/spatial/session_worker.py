@@ -125,7 +125,7 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                         results, elapsed_ms, start, gpu_window = _timed_run(session, device, part, name, split,
                                                                             set_num_sms, items, clock)
                         if memory is not None:
-                            memory.after_step([len(it.input_token_ids) for it in items])
+                            memory.after_step(items)
                         outbox.put(BatchDone(name, results, elapsed_ms, start, waited_ms, gpu_window))
                     except Exception:
                         if not device_usable(device):
@@ -157,7 +157,7 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
             outbox.put(DecodeStepFailed(trace, failed, bool(prompts)))
             continue
         if memory is not None:
-            memory.after_step([len(it.input_token_ids) for it in rows + prompts])
+            memory.after_step(rows, prompts)
         row_results = results[:len(rows)]
         tokens = [r.token_id for r in row_results]
         step = DecodeStep(row_ids=[row_id for row_id, _ in ran], token_ids=tokens,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from bullet_trt.engine.memory_watch import ReservedMemoryWatch
+from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt.engine.session import BatchItem
 
 
 def test_reports_a_new_allocator_segment():
@@ -13,7 +15,7 @@ def test_reports_a_new_allocator_segment():
     watch = ReservedMemoryWatch.for_device("prefill", gpu)
     assert watch is not None and "of GPU memory at start; the device has" in watch.started()
     held = torch.empty(512 * 2**20, dtype=torch.uint8, device=gpu)
-    line = watch.after_step([2048])
+    line = watch.after_step([BatchItem("r0", [0] * 2048, 0, [0], SamplingParams(), True)])
     assert line is not None and "grew by 512 MiB" in line and "GiB free" in line
     del held
 
@@ -22,7 +24,7 @@ def test_sampling_in_the_scratch_buffer_keeps_the_allocator_from_growing():
     """Without the session's float32 buffer, every new largest batch's float32 logits take a new
     allocator segment and the smaller ones stay cached (after graph capture emptied the cache,
     that is how a decode worker grew while serving); with it, the batch may grow for free."""
-    from bullet_trt.engine.sampling import SamplingBatch, SamplingParams, float32_scratch, sample
+    from bullet_trt.engine.sampling import SamplingBatch, float32_scratch, sample
 
     gpu = torch.device("cuda")
     vocab = 128256
