@@ -61,7 +61,6 @@ class TorchSession(EngineSession):
         self.profile = profile
         self.device = kv_pool.device
         self.graphs = None
-        self.sample_scratch = None
         if hasattr(model.ops, "use_cublaslt"):
             model.ops.use_cublaslt()
         from bullet_trt.kernels import reference

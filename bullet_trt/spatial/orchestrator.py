@@ -260,12 +260,16 @@ class SpatialEngine:
         acknowledges (DecodeRows), or now when it never joined."""
         self.rows.leave(seq)
         self.queues.release(seq)
-        emitted = len(seq.output_token_ids)
-        if (self.plan_tuner is not None and seq.finish_reason in ("stop", "length")
-                and seq.first_token_time is not None and emitted >= 2):
-            self.plan_tuner.record((time.monotonic() - seq.first_token_time) * 1e3 / (emitted - 1))
+        if self.plan_tuner is not None:
+            self._record_tpot(seq)
         if seq in self.starved:
             self.starved.remove(seq)
+
+    def _record_tpot(self, seq: Sequence) -> None:
+        """A request that ended with two tokens or more gives the plan's tuner its TPOT."""
+        emitted = len(seq.output_token_ids)
+        if seq.finish_reason in ("stop", "length") and seq.first_token_time is not None and emitted >= 2:
+            self.plan_tuner.record((time.monotonic() - seq.first_token_time) * 1e3 / (emitted - 1))
 
     def _join(self, seq: Sequence) -> None:
         """A prefilled sequence becomes a row of the decode worker's batch."""

@@ -12,7 +12,7 @@ plan leaves SMs that TTFT needs with decode in one case and spends TPOT it lacks
 
 So the plan follows the requests that end: over the last `window` of them (two tokens or more),
 while the `quantile` of their TPOT sits below `low` x the SLO, the plan rises by `step`; above
-`high` x the SLO it falls by twice that, at most once per `interval_s`, within [`floor`,
+`high` x the SLO it falls by twice that, looked at once per `interval_s` at most, within [`floor`,
 `ceiling`]. Finished requests lag the plan by their lifetime (seconds), hence the small steps,
 the dead band between `low` and `high`, and the faster fall: a plan that overshot costs TPOT
 misses, which count as much as TTFT ones.
@@ -35,7 +35,7 @@ class TpotPlanTuner:
         self.interval_s = interval_s
         self.min_requests = min_requests
         self.recent: deque[float] = deque(maxlen=window)
-        self._last_change: float | None = None
+        self._last_look: float | None = None  # when the quantile last decided
 
     def record(self, tpot_ms: float) -> None:
         """One finished request's TPOT (its mean gap between tokens)."""
@@ -49,18 +49,17 @@ class TpotPlanTuner:
 
     def plan(self, now: float) -> float:
         """The plan for a decision at ``now`` (seconds, monotonic), moved first if due."""
-        if self._last_change is not None and now - self._last_change < self.interval_s:
+        if self._last_look is not None and now - self._last_look < self.interval_s:
             return self.value
         q = self.recent_quantile()
         if q is None:
             return self.value
+        self._last_look = now
         if q < self.low * self.tpot_slo_ms:
             moved = min(self.ceiling, self.value + self.step)
         elif q > self.high * self.tpot_slo_ms:
             moved = max(self.floor, self.value - 2 * self.step)
         else:
             moved = self.value
-        if moved != self.value:
-            self.value = round(moved, 6)
-            self._last_change = now
+        self.value = round(moved, 6)
         return self.value
