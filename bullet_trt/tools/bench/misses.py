@@ -80,9 +80,14 @@ def misses_by_output_length(doc: dict, edges: tuple[int, ...] = DEFAULT_EDGES,
     return buckets
 
 
+def run_misses(doc: dict, ttft_slo_s: float, tpot_slo_s: float) -> BucketMisses:
+    """The whole run's misses by cause under these SLOs (seconds)."""
+    return misses_by_output_length(doc, (0,), (ttft_slo_s, tpot_slo_s))[0]
+
+
 def miss_causes(doc: dict, ttft_slo_s: float, tpot_slo_s: float) -> str:
     """The run's misses by cause in a few words ("" without any): what binds at its rate."""
-    whole = misses_by_output_length(doc, (0,), (ttft_slo_s, tpot_slo_s))[0]
+    whole = run_misses(doc, ttft_slo_s, tpot_slo_s)
     causes = [(whole.unfinished, "failed or unfinished"), (whole.ttft_missed, "on TTFT"),
               (whole.tpot_missed, "on TPOT only")]
     said = [f"{n} {why}" for n, why in causes if n]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bullet_trt.tools.bench import capacity
-from bullet_trt.tools.bench.misses import miss_causes, misses_by_output_length
+from bullet_trt.tools.bench.misses import miss_causes, run_misses
 from bullet_trt.tools.bench.report_plots import plot_results
 from bullet_trt.tools.bench.results import RESULT_KIND, load_results
 from bullet_trt.tools.bench.scoring import rescore
@@ -121,7 +121,7 @@ def _missed_cell(doc: dict, s: dict) -> str:
     """A run's misses by cause under the SLOs it is scored against (which one binds there)."""
     if not doc.get("requests"):
         return "-"
-    whole = misses_by_output_length(doc, (0,), (s["ttft_slo_s"], s["tpot_slo_s"]))[0]
+    whole = run_misses(doc, s["ttft_slo_s"], s["tpot_slo_s"])
     return f"{whole.unfinished} / {whole.ttft_missed} / {whole.tpot_missed}"
 
 
