@@ -32,6 +32,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # and the MLP (Llama's attention_bias and mlp_bias), added once after a row-parallel sum
     "llama-odd-vocab": dict(family="llama", tie_word_embeddings=True,
                             config=dict(vocab_size=2001, attention_bias=True, mlp_bias=True)),
+    # Llama 3's vocabulary: a step's logits are megabytes a row, as the allocator sees them served
+    "llama-large-vocab": dict(family="llama", config=dict(vocab_size=128256)),
     # 16 experts, top 4, renormalised (as Qwen3-30B-A3B); every layer sparse
     "qwen3_moe": dict(family="qwen3_moe", moe=dict(norm_topk_prob=True)),
     # raw top-k probabilities, and both ways a Qwen3-MoE config keeps dense MLPs:

@@ -117,7 +117,11 @@ class DecodeGraphs:
         self.copied.record()
 
     def run(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]]) -> torch.Tensor:
-        """float32 logits (B, V) for one decode token per sequence, on the current stream."""
+        """Logits (B, V) in the model's dtype for one decode token per sequence, on the current
+        stream: a view of the graphs' buffer, valid until the next replay. No float32 copy is
+        made here: one per step, of a new size whenever the batch grows, left the caching
+        allocator a segment per size (engine/sampling.float32_scratch says why that grew a
+        decode worker by gigabytes); the sampler copies into its own buffer instead."""
         batch = len(token_ids)
         b = self.bucket(batch)
         stream = self._capture_stream()
@@ -126,4 +130,4 @@ class DecodeGraphs:
         if key not in self.graphs:
             self.graphs[key] = self._capture(b, stream)
         self.graphs[key].replay()  # into the current stream, whichever stream captured it
-        return self.logits[:batch].float()
+        return self.logits[:batch]

@@ -6,8 +6,16 @@ the headroom the fraction leaves. On an 80 GB H100 that headroom ran out mid-run
 worker grew from 10.10 to 10.38 GiB within one run and prefill steps failed for want of
 tens of MiB (docs/benchmarks.md, "The H100's targets with decode planned past the SLO"). A
 line in the server log per growth, naming the worker and the step that caused it, shows
-which worker grows on which step shapes. (The growth suspected there, sampling's float32 copy
-of each step's logits, now has a buffer made at start: engine/sampling.float32_scratch.)
+which worker grows on which step shapes.
+
+The lines found two causes on the H200 (2026-11-26, seventh round): decode graphs returned a
+float32 copy of each step's logits, a new allocator segment whenever the batch grew (now the
+sampler's buffer takes it, engine/cuda_graphs.py), and a MoE prefill worker's cache of
+variously sized blocks grew by 5 GiB over a run. So the watch also caps its worker: at the
+first step, when both workers have started, the allocator may grow by a share of what the
+device has free (`HEADROOM_SHARE`, half: two workers). A worker at its cap frees its unused
+cached blocks and retries (the caching allocator's own answer to a full device) instead of
+taking the memory its sibling's next step needs.
 """
 from __future__ import annotations
 
@@ -21,14 +29,17 @@ if TYPE_CHECKING:
 
 GIB = 2**30
 MIB = 2**20
+HEADROOM_SHARE = 0.5
 
 
 class ReservedMemoryWatch:
     def __init__(self, role: str, reserved: Callable[[], int], free: Callable[[], int] | None = None,
-                 step_mib: int = 128):
+                 step_mib: int = 128, cap: Callable[[int], None] | None = None):
         self.role = role
         self._reserved = reserved
         self._free = free
+        self._cap = cap  # cap(bytes): the most the allocator may reserve from then on
+        self.capped_at: int | None = None
         self.step_bytes = step_mib * MIB
         self.high = reserved()  # what the worker held when it began to serve
 
@@ -38,8 +49,23 @@ class ReservedMemoryWatch:
         sized in host memory and nothing here applies)."""
         if device.type != "cuda":
             return None
+        total = torch.cuda.get_device_properties(device).total_memory
         return cls(role, lambda: torch.cuda.memory_reserved(device),
-                   lambda: torch.cuda.mem_get_info(device)[0])
+                   lambda: torch.cuda.mem_get_info(device)[0],
+                   cap=lambda limit: torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device))
+
+    def cap_growth(self) -> str | None:
+        """Caps the allocator at what it holds now and HEADROOM_SHARE of the device's free
+        memory; returns the line it logs, or None without a device to cap."""
+        if self._cap is None or self._free is None:
+            return None
+        held, free = self._reserved(), self._free()
+        self.capped_at = held + int(free * HEADROOM_SHARE)
+        self._cap(self.capped_at)
+        line = (f"bullet-trt: the {self.role} worker's GPU memory is capped at {self.capped_at / GIB:.2f} GiB: "
+                f"the {held / GIB:.2f} it holds and {HEADROOM_SHARE:.0%} of the {free / GIB:.2f} GiB the device has free")
+        print(line, file=sys.stderr, flush=True)
+        return line
 
     def _device_free(self) -> str:
         return "" if self._free is None else f"; the device has {self._free() / GIB:.2f} GiB free"
@@ -53,7 +79,10 @@ class ReservedMemoryWatch:
         """Call after each step with its items (in as many parts as the step has); reports
         growth past the last reported figure by at least step_mib (a few lines a run, not one
         per step) and returns the line, else None. The step is only counted for a report: a
-        decode step of a thousand rows would otherwise pay for it every time."""
+        decode step of a thousand rows would otherwise pay for it every time. The first call
+        caps the allocator (cap_growth)."""
+        if self.capped_at is None and self._cap is not None:
+            self.cap_growth()
         now = self._reserved()
         if now < self.high + self.step_bytes:
             return None
