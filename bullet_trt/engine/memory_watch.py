@@ -49,10 +49,11 @@ class ReservedMemoryWatch:
         sized in host memory and nothing here applies)."""
         if device.type != "cuda":
             return None
-        total = torch.cuda.get_device_properties(device).total_memory
-        return cls(role, lambda: torch.cuda.memory_reserved(device),
-                   lambda: torch.cuda.mem_get_info(device)[0],
-                   cap=lambda limit: torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device))
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(index).total_memory
+        return cls(role, lambda: torch.cuda.memory_reserved(index),
+                   lambda: torch.cuda.mem_get_info(index)[0],
+                   cap=lambda limit: torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), index))
 
     def cap_growth(self) -> str | None:
         """Caps the allocator at what it holds now and HEADROOM_SHARE of the device's free

@@ -16,9 +16,12 @@ def test_reports_a_new_allocator_segment():
     watch = ReservedMemoryWatch.for_device("prefill", gpu)
     assert watch is not None and "of GPU memory at start; the device has" in watch.started()
     held = torch.empty(512 * 2**20, dtype=torch.uint8, device=gpu)
-    line = watch.after_step([BatchItem("r0", [0] * 2048, 0, [0], SamplingParams(), True)])
-    assert line is not None and "grew by 512 MiB" in line and "GiB free" in line
-    del held
+    try:
+        line = watch.after_step([BatchItem("r0", [0] * 2048, 0, [0], SamplingParams(), True)])
+        assert line is not None and "grew by 512 MiB" in line and "GiB free" in line
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)  # the first step capped this process
+        del held
 
 
 def test_graphed_decode_steps_of_a_growing_batch_reserve_nothing_new(checkpoint, tmp_path):
@@ -30,7 +33,8 @@ def test_graphed_decode_steps_of_a_growing_batch_reserve_nothing_new(checkpoint,
     from bullet_trt import LLM
     from bullet_trt.tools.build import build_from_checkpoint
 
-    engine = build_from_checkpoint(checkpoint("llama-large-vocab"), tmp_path / "engine", max_model_len=256)
+    engine = build_from_checkpoint(checkpoint("llama-large-vocab"), tmp_path / "engine", max_model_len=256,
+                                   dtype="bfloat16")
     greedy = SamplingParams(temperature=0.0)
     with LLM(str(engine), **{"serve.mode": "chunked", "kv.num_blocks": 256,
                              "decode.cuda_graph_batch_sizes": [16, 32, 64, 128, 256]}) as llm:
@@ -72,5 +76,5 @@ def test_a_capped_worker_frees_its_cache_instead_of_growing():
             del block
             assert torch.cuda.memory_reserved(gpu) <= watch.capped_at
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, gpu)
+        torch.cuda.set_per_process_memory_fraction(1.0)
         torch.cuda.empty_cache()
