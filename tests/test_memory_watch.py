@@ -55,28 +55,3 @@ def test_names_the_device_free_memory_when_given():
 def test_nothing_to_watch_on_cpu():
     assert ReservedMemoryWatch.for_device("decode", torch.device("cpu")) is None
 
-
-def test_the_first_step_caps_growth_at_half_the_free_memory(capsys):
-    """Both workers have started by the first step: each may then grow by half of what the
-    device has free, so neither takes what the other's next step needs."""
-    memory = HeldTensors()
-    memory.grow(64)
-    caps: list[int] = []
-    watch = ReservedMemoryWatch("prefill", memory.reserved, free=lambda: 1024 * MIB, step_mib=16, cap=caps.append)
-    assert caps == []  # not at start: the sibling may still be starting
-    watch.after_step(step([2048]))
-    assert caps == [(64 + 512) * MIB] and watch.capped_at == caps[0]
-    assert ("prefill worker's GPU memory is capped at 0.56 GiB: the 0.06 it holds and 50% of the 1.00 GiB"
-            in capsys.readouterr().err)
-    memory.grow(32)
-    watch.after_step(step([2048]))
-    assert caps == [(64 + 512) * MIB]  # once
-
-
-def test_no_cap_without_the_device_free_memory():
-    memory = HeldTensors()
-    caps: list[int] = []
-    watch = ReservedMemoryWatch("decode", memory.reserved, cap=caps.append)
-    assert watch.cap_growth() is None
-    watch.after_step(step([1]))
-    assert caps == []

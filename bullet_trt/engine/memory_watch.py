@@ -8,14 +8,15 @@ tens of MiB (docs/benchmarks.md, "The H100's targets with decode planned past th
 line in the server log per growth, naming the worker and the step that caused it, shows
 which worker grows on which step shapes.
 
-The lines found two causes on the H200 (2026-11-26, seventh round): decode graphs returned a
-float32 copy of each step's logits, a new allocator segment whenever the batch grew (now the
-sampler's buffer takes it, engine/cuda_graphs.py), and a MoE prefill worker's cache of
-variously sized blocks grew by 5 GiB over a run. So the watch also caps its worker: at the
-first step, when both workers have started, the allocator may grow by a share of what the
-device has free (`HEADROOM_SHARE`, half: two workers). A worker at its cap frees its unused
-cached blocks and retries (the caching allocator's own answer to a full device) instead of
-taking the memory its sibling's next step needs.
+The lines found the decode worker's growth on the H200 (2026-11-26, seventh round): decode
+graphs returned a float32 copy of each step's logits, a new allocator segment whenever the
+batch grew (the sampler's buffer takes it now, engine/cuda_graphs.py). A prefill worker's
+reserve grows too, past 2 GiB within two minutes on an H100 and to 9 GiB on an H200 at
+50 req/s, likely because the allocator caches blocks per stream and the worker runs on one
+stream per SM split. Capping each worker's allocator at half the free memory was tried and
+taken out: the prefill worker sat at its cap, where the allocator frees its whole cache to
+serve a new block, and the capped runs' TTFT and TPOT came out worse than the sixth round's
+at the same rate, seeds, plan and clocks (docs/benchmarks.md, seventh round).
 """
 from __future__ import annotations
 
@@ -29,17 +30,14 @@ if TYPE_CHECKING:
 
 GIB = 2**30
 MIB = 2**20
-HEADROOM_SHARE = 0.5
 
 
 class ReservedMemoryWatch:
     def __init__(self, role: str, reserved: Callable[[], int], free: Callable[[], int] | None = None,
-                 step_mib: int = 128, cap: Callable[[int], None] | None = None):
+                 step_mib: int = 128):
         self.role = role
         self._reserved = reserved
         self._free = free
-        self._cap = cap  # cap(bytes): the most the allocator may reserve from then on
-        self.capped_at: int | None = None
         self.step_bytes = step_mib * MIB
         self.high = reserved()  # what the worker held when it began to serve
 
@@ -49,24 +47,8 @@ class ReservedMemoryWatch:
         sized in host memory and nothing here applies)."""
         if device.type != "cuda":
             return None
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        total = torch.cuda.get_device_properties(index).total_memory
-        return cls(role, lambda: torch.cuda.memory_reserved(index),
-                   lambda: torch.cuda.mem_get_info(index)[0],
-                   cap=lambda limit: torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), index))
-
-    def cap_growth(self) -> str | None:
-        """Caps the allocator at what it holds now and HEADROOM_SHARE of the device's free
-        memory; returns the line it logs, or None without a device to cap."""
-        if self._cap is None or self._free is None:
-            return None
-        held, free = self._reserved(), self._free()
-        self.capped_at = held + int(free * HEADROOM_SHARE)
-        self._cap(self.capped_at)
-        line = (f"bullet-trt: the {self.role} worker's GPU memory is capped at {self.capped_at / GIB:.2f} GiB: "
-                f"the {held / GIB:.2f} it holds and {HEADROOM_SHARE:.0%} of the {free / GIB:.2f} GiB the device has free")
-        print(line, file=sys.stderr, flush=True)
-        return line
+        return cls(role, lambda: torch.cuda.memory_reserved(device),
+                   lambda: torch.cuda.mem_get_info(device)[0])
 
     def _device_free(self) -> str:
         return "" if self._free is None else f"; the device has {self._free() / GIB:.2f} GiB free"
@@ -80,10 +62,7 @@ class ReservedMemoryWatch:
         """Call after each step with its items (in as many parts as the step has); reports
         growth past the last reported figure by at least step_mib (a few lines a run, not one
         per step) and returns the line, else None. The step is only counted for a report: a
-        decode step of a thousand rows would otherwise pay for it every time. The first call
-        caps the allocator (cap_growth)."""
-        if self.capped_at is None and self._cap is not None:
-            self.cap_growth()
+        decode step of a thousand rows would otherwise pay for it every time."""
         now = self._reserved()
         if now < self.high + self.step_bytes:
             return None
