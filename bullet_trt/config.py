@@ -108,12 +108,14 @@ class ServeConfig:
     # against 36 at 0.85, and 1.0 sustained 40 at TPOT <= 50 ms against 38.
     # 0.85 stays the default: where nearly every step runs beside a prefill (long prompts,
     # short outputs) the mean approaches the bound, that case and the H200 were not measured
-    # above 0.85 under the protocol, and at 1.5 an H100's workers outgrew the memory the KV
-    # pool left them (docs/benchmarks.md, "The H100's targets with decode planned past the SLO").
+    # above 0.85 under the protocol (the H200 at 1.5 fails 50 req/s at TPOT <= 40 ms, lower rates
+    # not run), and the H100's runs at 1.5 that ran out of GPU memory have not been repeated since
+    # the decode worker's growth was fixed (docs/benchmarks.md, seventh round of 2026-11-26).
     tpot_plan_fraction: float = 0.85
     # bullet: the plan above moves with the TPOT that finished requests got: up while their
     # 90th percentile sits below 0.8 of the SLO, down once it passes 0.9 (spatial/plan_tuner.py),
-    # starting from tpot_plan_fraction, within [0.7, 2]. Off by default until measured on a GPU.
+    # starting from tpot_plan_fraction, within [0.7, 2]. Off: on GPUs it lost to the fixed plans
+    # (reading TPOT alone it starved prefill at TPOT <= 40 ms; docs/benchmarks.md, seventh round).
     tpot_plan_auto: bool = False
     # bullet: decode's step beside a prefill is also kept within what the decoding rows' TPOT
     # can still afford (bullet_trt/spatial/row_pace.py): a row's mean over its gaps, counting
