@@ -112,10 +112,11 @@ class ServeConfig:
     # not run), and the H100's runs at 1.5 that ran out of GPU memory have not been repeated since
     # the decode worker's growth was fixed (docs/benchmarks.md, seventh round of 2026-11-26).
     tpot_plan_fraction: float = 0.85
-    # bullet: the plan above moves with the TPOT that finished requests got: up while their
-    # 90th percentile sits below 0.8 of the SLO, down once it passes 0.9 (spatial/plan_tuner.py),
-    # starting from tpot_plan_fraction, within [0.7, 2]. Off: on GPUs it lost to the fixed plans
-    # (reading TPOT alone it starved prefill at TPOT <= 40 ms; docs/benchmarks.md, seventh round).
+    # bullet: the plan above moves toward the SLO under more pressure: up when the 90th
+    # percentile of recent TTFTs (or the oldest waiting prompt's age) is a larger share of the
+    # TTFT SLO than recent TPOTs' is of theirs, down the other way (spatial/plan_tuner.py),
+    # starting from tpot_plan_fraction, within [0.7, 2]. Off: its first version, on TPOT alone,
+    # starved prefill on GPUs (docs/benchmarks.md, seventh round); this one is not yet measured.
     tpot_plan_auto: bool = False
     # bullet: decode's step beside a prefill is also kept within what the decoding rows' TPOT
     # can still afford (bullet_trt/spatial/row_pace.py): a row's mean over its gaps, counting

@@ -379,26 +379,29 @@ def test_chunked_steps_that_fail_end_their_requests_until_they_keep_failing(llam
         assert "step failed in the engine" in finished["r0"].error and "IndexError" in finished["r0"].error
 
 
-def test_the_plan_follows_the_tpot_of_finished_requests(llama_engine, tmp_path):
-    """serve.tpot_plan_auto: every request that ends with tokens gives the tuner its TPOT,
-    and the policy's next decision plans decode's step with the tuner's plan (here far inside
-    a generous SLO, so it rises; the tuner's own rules are tests/test_plan_tuner.py); the
-    iteration log's prefill records carry the plan, and the timeline plot draws it."""
+def test_the_plan_follows_the_pressure_on_the_two_slos(llama_engine, tmp_path):
+    """serve.tpot_plan_auto: every first token gives the tuner its TTFT and every request that
+    ends with tokens its TPOT, and the policy's next decision plans decode's step with the
+    tuner's plan (here TTFT's SLO is a millisecond and TPOT's generous, so it rises; the tuner's
+    own rules are tests/test_plan_tuner.py); the iteration log's prefill records carry the
+    plan, and the timeline plot draws it."""
     from bullet_trt.spatial.plan_tuner import TpotPlanTuner
     from bullet_trt.tools.bench.iteration_records import step_windows
     from bullet_trt.tools.bench.plot_iterations import plan_series
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
     log = tmp_path / "plan.jsonl"
     with LLM(str(llama_engine), **{"serve.mode": "bullet", "serve.tpot_plan_auto": True,
-                                   "serve.iteration_log": str(log),
+                                   "serve.iteration_log": str(log), "serve.ttft_slo_ms": 1.0,
                                    "serve.tpot_slo_ms": 10_000.0, "serve.tpot_plan_fraction": 0.85}) as llm:
         core = llm.engine
         assert core.plan_tuner is not None and core.slo.tpot_plan == 0.85
-        # the serving defaults wait for 50 requests and move once a second
-        core.plan_tuner = TpotPlanTuner(10_000.0, 0.85, min_requests=4, interval_s=0.0)
+        assert (core.plan_tuner.ttft_slo_ms, core.plan_tuner.tpot_slo_ms) == (1.0, 10_000.0)
+        # the serving defaults wait for 50 requests and look once a second
+        core.plan_tuner = TpotPlanTuner(1.0, 10_000.0, 0.85, min_requests=4, interval_s=0.0)
         llm.generate_token_ids(prompts(6, seed=21), params)
-        assert len(core.plan_tuner.recent) == 6
-        assert all(0 < t < 10_000.0 for t in core.plan_tuner.recent)
+        assert len(core.plan_tuner.ttfts) == 6 and len(core.plan_tuner.tpots) == 6
+        assert all(t > 0 for t in core.plan_tuner.ttfts)
+        assert all(0 < t < 10_000.0 for t in core.plan_tuner.tpots)
         llm.generate_token_ids(prompts(1, seed=22), params)  # one more decision, with the tuner's plan
         assert core.slo.tpot_plan == core.plan_tuner.value > 0.85
         assert core.stats().tpot_plan == core.plan_tuner.value  # bullet_tpot_plan_fraction on /metrics

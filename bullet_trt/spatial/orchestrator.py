@@ -105,7 +105,8 @@ class SpatialEngine:
         self.slo = SloConfig(ttft_ms=s.ttft_slo_ms, tpot_ms=s.tpot_slo_ms, ttft_plan=s.ttft_plan_fraction,
                              tpot_plan=s.tpot_plan_fraction)
         self.perf = self._load_perf_model(device)
-        self.plan_tuner = (TpotPlanTuner(s.tpot_slo_ms, s.tpot_plan_fraction, floor=min(0.7, s.tpot_plan_fraction))
+        self.plan_tuner = (TpotPlanTuner(s.ttft_slo_ms, s.tpot_slo_ms, s.tpot_plan_fraction,
+                                         floor=min(0.7, s.tpot_plan_fraction))
                            if s.tpot_plan_auto else None)
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
@@ -269,7 +270,7 @@ class SpatialEngine:
         """A request that ended with two tokens or more gives the plan's tuner its TPOT."""
         emitted = len(seq.output_token_ids)
         if seq.finish_reason in ("stop", "length") and seq.first_token_time is not None and emitted >= 2:
-            self.plan_tuner.record((time.monotonic() - seq.first_token_time) * 1e3 / (emitted - 1))
+            self.plan_tuner.record_tpot((time.monotonic() - seq.first_token_time) * 1e3 / (emitted - 1))
 
     def _join(self, seq: Sequence) -> None:
         """A prefilled sequence becomes a row of the decode worker's batch."""
@@ -343,7 +344,10 @@ class SpatialEngine:
     def _decision(self, candidates: list[Sequence]) -> Decision:
         q, s = self.queues, self.cfg.serve
         if self.plan_tuner is not None:
-            self.slo.tpot_plan = self.plan_tuner.plan(time.monotonic())
+            now = time.monotonic()
+            # a preempted sequence waits again, but its TTFT is behind it
+            oldest = min((x.arrival_time for x in candidates if x.first_token_time is None), default=now)
+            self.slo.tpot_plan = self.plan_tuner.plan(now, (now - oldest) * 1e3)
         decoding = [x for x in q.decoding if x.status is SeqStatus.RUNNING]
         ctx = sum(x.num_tokens for x in decoding)
         state = PolicyState(
@@ -428,6 +432,8 @@ class SpatialEngine:
                 reqs.finish(seq, "abort")
             else:
                 reqs.accept(seq, res)
+                if self.plan_tuner is not None and seq.first_token_time is not None:
+                    self.plan_tuner.record_ttft((seq.first_token_time - seq.arrival_time) * 1e3)
             outputs.append(reqs.output(seq))
             if seq.status is not SeqStatus.FINISHED:
                 self._join(seq)

@@ -1,65 +1,82 @@
-"""Decode's plan beside a prefill, tuned by the TPOT that finished requests got
+"""Decode's plan beside a prefill, tuned to leave TTFT and TPOT the same headroom
 (`serve.tpot_plan_auto`).
 
-The policy bounds decode's step beside a prefill at `tpot_plan` x the TPOT SLO (policy.py).
-A request's TPOT is the mean of its gaps, most of which run alone on the whole GPU, so the
-bound that serves most depends on the load, the SLO and the GPU. On an H100 with a
-ShareGPT-like load the plan at 1.5 sustained 42 req/s at TPOT <= 40 ms, and its misses at 44
-were TPOT misses (the bound at the balance of the two SLOs), while at TPOT <= 50 ms the plan at
-1.0 still missed on TTFT at 44; on Qwen3-30B-A3B's Azure-code-like load, outputs of ~28 tokens,
-the plan at 1.0 failed short requests on TPOT where 0.85 did not (docs/benchmarks.md). A fixed
-plan leaves SMs that TTFT needs with decode in one case and spends TPOT it lacks in another.
+The policy bounds decode's step beside a prefill at `tpot_plan` x the TPOT SLO (policy.py): a
+higher plan gives prefill more SMs (TTFT) and decode's steps beside it more time (TPOT). Which
+plan serves most depends on the load, the SLO and the GPU. On an H100 with a ShareGPT-like load
+1.5 sustained 42 req/s at TPOT <= 40 ms, its misses at 44 on TPOT, while 1.0 sustained 40 at
+TPOT <= 50 ms, its misses at 44 on TTFT (docs/benchmarks.md): each at the point where the two
+SLOs bind together.
 
-So the plan follows the requests that end: over the last `window` of them (two tokens or more),
-while the `quantile` of their TPOT sits below `low` x the SLO, the plan rises by `step`; above
-`high` x the SLO it falls by twice that, looked at once per `interval_s` at most, within [`floor`,
-`ceiling`]. Finished requests lag the plan by their lifetime (seconds), hence the small steps,
-the dead band between `low` and `high`, and the faster fall: a plan that overshot costs TPOT
-misses, which count as much as TTFT ones.
+So the plan moves toward that point. Every `interval_s` it compares the two SLOs' pressures: the
+`quantile` of the recent first tokens' TTFT (or the age of the oldest prompt still waiting, if
+larger: a backlog shows there before any of its requests has a token) over the TTFT SLO, and the
+`quantile` of the recently finished requests' TPOT over the TPOT SLO. When one exceeds the other
+by more than `band`, and either exceeds `busy` (below that neither SLO is near, and nothing needs
+trading), the plan moves a `step` toward the one under pressure, two steps when they differ by
+more than 0.5, within [`floor`, `ceiling`].
+
+The tuner's first version moved on TPOT alone (up below 0.8 of the SLO, down above 0.9). On the
+H100 at TPOT <= 40 ms, where a sustained rate's TPOT sits near 0.9 of the SLO, it lowered the
+plan until prefill starved and TTFT ran to 10-12 s at 42 req/s, which the plan at 1.5 sustains
+(2026-11-26, seventh round).
 """
 from __future__ import annotations
 
 from collections import deque
 
 
+def _quantile(values: deque[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 class TpotPlanTuner:
-    def __init__(self, tpot_slo_ms: float, start: float, *, floor: float = 0.7, ceiling: float = 2.0,
-                 quantile: float = 0.9, low: float = 0.8, high: float = 0.9, step: float = 0.05,
-                 interval_s: float = 1.0, window: int = 200, min_requests: int = 50):
+    def __init__(self, ttft_slo_ms: float, tpot_slo_ms: float, start: float, *, floor: float = 0.7,
+                 ceiling: float = 2.0, quantile: float = 0.9, busy: float = 0.6, band: float = 0.15,
+                 step: float = 0.05, interval_s: float = 1.0, window: int = 200, min_requests: int = 50):
         if not floor <= start <= ceiling:
             raise ValueError(f"the plan's start {start} lies outside [{floor}, {ceiling}]")
-        self.tpot_slo_ms = tpot_slo_ms
+        self.ttft_slo_ms, self.tpot_slo_ms = ttft_slo_ms, tpot_slo_ms
         self.value = start
         self.floor, self.ceiling = floor, ceiling
-        self.quantile, self.low, self.high, self.step = quantile, low, high, step
+        self.quantile, self.busy, self.band, self.step = quantile, busy, band, step
         self.interval_s = interval_s
         self.min_requests = min_requests
-        self.recent: deque[float] = deque(maxlen=window)
-        self._last_look: float | None = None  # when the quantile last decided
+        self.ttfts: deque[float] = deque(maxlen=window)
+        self.tpots: deque[float] = deque(maxlen=window)
+        self._last_look: float | None = None  # when the pressures last decided
 
-    def record(self, tpot_ms: float) -> None:
+    def record_ttft(self, ttft_ms: float) -> None:
+        """One request's time to its first token."""
+        self.ttfts.append(ttft_ms)
+
+    def record_tpot(self, tpot_ms: float) -> None:
         """One finished request's TPOT (its mean gap between tokens)."""
-        self.recent.append(tpot_ms)
+        self.tpots.append(tpot_ms)
 
-    def recent_quantile(self) -> float | None:
-        if len(self.recent) < self.min_requests:
+    def pressures(self, oldest_wait_ms: float = 0.0) -> tuple[float, float] | None:
+        """(TTFT's, TPOT's): each SLO's recent quantile as a share of it; None until both
+        signals have `min_requests`."""
+        if len(self.ttfts) < self.min_requests or len(self.tpots) < self.min_requests:
             return None
-        ordered = sorted(self.recent)
-        return ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
+        ttft = max(_quantile(self.ttfts, self.quantile), oldest_wait_ms)
+        return ttft / self.ttft_slo_ms, _quantile(self.tpots, self.quantile) / self.tpot_slo_ms
 
-    def plan(self, now: float) -> float:
-        """The plan for a decision at ``now`` (seconds, monotonic), moved first if due."""
+    def plan(self, now: float, oldest_wait_ms: float = 0.0) -> float:
+        """The plan for a decision at ``now`` (seconds, monotonic), moved first if due;
+        ``oldest_wait_ms``: how long the oldest prompt still waiting has waited."""
         if self._last_look is not None and now - self._last_look < self.interval_s:
             return self.value
-        q = self.recent_quantile()
-        if q is None:
+        seen = self.pressures(oldest_wait_ms)
+        if seen is None:
             return self.value
         self._last_look = now
-        if q < self.low * self.tpot_slo_ms:
-            moved = min(self.ceiling, self.value + self.step)
-        elif q > self.high * self.tpot_slo_ms:
-            moved = max(self.floor, self.value - 2 * self.step)
-        else:
-            moved = self.value
-        self.value = round(moved, 6)
+        ttft, tpot = seen
+        gap = ttft - tpot
+        if max(ttft, tpot) < self.busy or abs(gap) <= self.band:
+            return self.value
+        steps = 2 if abs(gap) > 0.5 else 1
+        moved = self.value + steps * self.step if gap > 0 else self.value - steps * self.step
+        self.value = round(min(self.ceiling, max(self.floor, moved)), 6)
         return self.value
