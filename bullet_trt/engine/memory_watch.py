@@ -10,13 +10,10 @@ which worker grows on which step shapes.
 
 The lines found the decode worker's growth on the H200 (2026-11-26, seventh round): decode
 graphs returned a float32 copy of each step's logits, a new allocator segment whenever the
-batch grew (the sampler's buffer takes it now, engine/cuda_graphs.py). A prefill worker's
-reserve grows too, past 2 GiB within two minutes on an H100 and to 9 GiB on an H200 at
-50 req/s, likely because the allocator caches blocks per stream and the worker runs on one
-stream per SM split. Capping each worker's allocator at half the free memory was tried and
-taken out: the prefill worker sat at its cap, where the allocator frees its whole cache to
-serve a new block, and the capped runs' TTFT and TPOT came out worse than the sixth round's
-at the same rate, seeds, plan and clocks (docs/benchmarks.md, seventh round).
+batch grew (the sampler's buffer takes it now, engine/cuda_graphs.py). The prefill worker's
+reserve grows too, to 4.16 GiB within two minutes on an H100 and 9.18 GiB on an H200 at
+50 req/s: its idle cache is handed back between steps now (engine/idle_cache.py says why, and
+what a cap on the allocator did instead).
 """
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ import torch
 import torch.multiprocessing as mp
 
 from bullet_trt.engine.gc_freeze import freeze_startup_objects
+from bullet_trt.engine.idle_cache import IdleCacheRelease
 from bullet_trt.engine.memory_watch import ReservedMemoryWatch
 from bullet_trt.engine.shared_state import attach_session
 from bullet_trt.engine.step_failure import device_usable
@@ -88,6 +89,7 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
         memory = ReservedMemoryWatch.for_device(name, device)
         if memory is not None:
             memory.started()
+        idle_cache = IdleCacheRelease.for_device(name, device)
         outbox.put(WorkerReady(name, os.getpid(), part.describe(), session.model.fused_groups,
                                _piecewise_ready(session)))
     except Exception:
@@ -124,9 +126,11 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                         waited_ms = _wait_for_epoch(decode_epoch, epoch, parent)
                         results, elapsed_ms, start, gpu_window = _timed_run(session, device, part, name, split,
                                                                             set_num_sms, items, clock)
+                        outbox.put(BatchDone(name, results, elapsed_ms, start, waited_ms, gpu_window))
+                        if idle_cache is not None:
+                            idle_cache.after_step()
                         if memory is not None:
                             memory.after_step(items)
-                        outbox.put(BatchDone(name, results, elapsed_ms, start, waited_ms, gpu_window))
                     except Exception:
                         if not device_usable(device):
                             outbox.put(WorkerFatal(name, traceback.format_exc()))
@@ -156,8 +160,6 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                 outbox.put(RowsLeft(left))
             outbox.put(DecodeStepFailed(trace, failed, bool(prompts)))
             continue
-        if memory is not None:
-            memory.after_step(rows, prompts)
         row_results = results[:len(rows)]
         tokens = [r.token_id for r in row_results]
         step = DecodeStep(row_ids=[row_id for row_id, _ in ran], token_ids=tokens,
@@ -171,6 +173,11 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
         batch.advance(ran, tokens)
         last_step_end = time.monotonic()
         outbox.put(step)
+        # after the tokens have left: the orchestrator need not wait for the allocator's books
+        if idle_cache is not None:
+            idle_cache.after_step()
+        if memory is not None:
+            memory.after_step(rows, prompts)
 
 
 def _wait_for_epoch(decode_epoch, epoch: int, parent, limit_s: float = 5.0) -> float:
