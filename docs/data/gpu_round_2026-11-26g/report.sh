@@ -15,3 +15,5 @@ R=$D/gpu_round_2026-11-26g/h100
 report dense-tpot40 40 $R/dense-tpot40
 report dense-tpot40-60s 40 $R/dense-tpot40-60s
 report dense 50 $R/dense
+R=$D/gpu_round_2026-11-26g/h100-single
+report dense-tpot40 40 $R/dense-tpot40
