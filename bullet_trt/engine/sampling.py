@@ -2,8 +2,11 @@
 
 Randomness is counter-based: the noise for (seed, output index, vocab id) comes from a hash,
 so a request with a seed draws the same tokens whatever else shares its batch, and on any
-device. Sampling uses the exponential-race form of categorical sampling: argmax(p / E) with
-E ~ Exp(1) picks token i with probability p_i.
+device. Sampling uses the Gumbel-max form of categorical sampling: argmax(logit_i / T + G_i),
+G_i = -log(-log(u_i)), picks token i with probability softmax(logits / T)_i, with no softmax
+computed; the draw is one kernel that streams each row's logits once
+(kernels/triton_sample.py; kernels/reference.gumbel_argmax on CPU). Only rows with top-k or
+top-p sort their logits first.
 """
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ import os
 from dataclasses import dataclass, field
 
 import torch
+
+from bullet_trt.kernels import reference
+from bullet_trt.kernels.reference import fmix32
 
 _MASK32 = 0xFFFFFFFF
 
@@ -39,26 +45,11 @@ class SamplingParams:
         return self.seed
 
 
-def _fmix32(h: torch.Tensor) -> torch.Tensor:
-    # murmur3's finaliser on int64 tensors kept in 32 bits; products wrap mod 2^64, which
-    # leaves the low 32 bits exact on every device.
-    h = h ^ (h >> 16)
-    h = (h * 0x85EBCA6B) & _MASK32
-    h = h ^ (h >> 13)
-    h = (h * 0xC2B2AE35) & _MASK32
-    return h ^ (h >> 16)
-
-
-def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(B, vocab) uniforms in (0, 1), a pure function of (seed, step, vocab index)."""
-    device = seeds.device
+def row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Each row's 32-bit noise key, from its seed (int64 bit pattern) and output index."""
     lo, hi = seeds & _MASK32, (seeds >> 32) & _MASK32
-    key = _fmix32(_fmix32(lo ^ 0x9E3779B9) ^ hi)
-    key = _fmix32(key ^ ((steps.long() * 0x632BE5AB) & _MASK32))
-    idx = torch.arange(vocab, device=device, dtype=torch.int64)
-    h = _fmix32((key.unsqueeze(1) ^ ((idx * 0x27D4EB2F) & _MASK32).unsqueeze(0)) & _MASK32)
-    h = _fmix32(h ^ key.unsqueeze(1))
-    return (h.double() + 0.5) / 4294967296.0
+    key = fmix32(fmix32(lo ^ 0x9E3779B9) ^ hi)
+    return fmix32(key ^ ((steps.long() * 0x632BE5AB) & _MASK32))
 
 
 def _device_tensor(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
@@ -83,6 +74,8 @@ class SamplingBatch:
     banned: list[list[int]]  # token ids forbidden on this step (EOS before min_tokens)
     all_greedy: bool
     want_logprobs: bool
+    drawn: torch.Tensor | None = None  # int64: rows drawn from their whole distribution
+    filtered: torch.Tensor | None = None  # int64: rows drawn after top-k / top-p
 
     @staticmethod
     def build(params: list[SamplingParams], steps: list[int], banned: list[list[int]],
@@ -93,6 +86,8 @@ class SamplingBatch:
             return SamplingBatch(None, None, None, None, None, banned, True, want_logprobs)
         seeds = [p.resolved_seed() for p in params]
         seeds = [s - 2**64 if s >= 2**63 else s for s in seeds]
+        drawn = [i for i, p in enumerate(params) if not p.greedy and p.top_k == 0 and p.top_p >= 1.0]
+        filtered = [i for i, p in enumerate(params) if not p.greedy and (p.top_k > 0 or p.top_p < 1.0)]
         return SamplingBatch(
             temperature=_device_tensor([0.0 if p.greedy else p.temperature for p in params],
                                        torch.float32, device),
@@ -103,16 +98,19 @@ class SamplingBatch:
             banned=banned,
             all_greedy=False,
             want_logprobs=want_logprobs,
+            drawn=_device_tensor(drawn, torch.int64, device) if drawn else None,
+            filtered=_device_tensor(filtered, torch.int64, device) if filtered else None,
         )
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch,
-           scratch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def sample(logits: torch.Tensor, batch: SamplingBatch, scratch: torch.Tensor | None = None,
+           ops=reference) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Picks one token per row of logits (B, V), in float32.
 
     Returns (token ids int64 (B,), log-probabilities of those tokens under the model's
     unmodified distribution, or None when no row asked for them). `scratch`, a float32
-    (rows, V) buffer, takes the float32 copy when it has the rows (`float32_scratch`).
+    (rows, V) buffer, takes the float32 copy when it has the rows (`float32_scratch`). `ops`:
+    the kernels the draw runs with (the model's: Triton's on a GPU, the torch reference else).
     """
     if scratch is not None and logits.dtype != torch.float32 and logits.shape[0] <= scratch.shape[0]:
         logits = scratch[:logits.shape[0]].copy_(logits)
@@ -128,32 +126,37 @@ def sample(logits: torch.Tensor, batch: SamplingBatch,
     logprobs = None
     if batch.want_logprobs:
         logprobs = torch.log_softmax(logits, dim=-1)
-    greedy_ids = logits.argmax(dim=-1)
-    if batch.all_greedy:
-        tokens = greedy_ids
-    else:
-        temp = batch.temperature.clamp(min=1e-5).unsqueeze(1)
-        scaled = logits / temp
-        vocab = scaled.shape[-1]
-        # top-k: keep values >= the k-th largest of the row (k=0 keeps all)
-        k = torch.where(batch.top_k > 0, batch.top_k.clamp(max=vocab), torch.full_like(batch.top_k, vocab))
-        sorted_vals, _ = scaled.sort(dim=-1, descending=True)
-        kth = sorted_vals.gather(1, (k - 1).unsqueeze(1))
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        # top-p over the top-k survivors: keep the smallest prefix whose mass reaches p
-        sorted_vals = sorted_vals.masked_fill(sorted_vals < kth, float("-inf"))
-        probs_sorted = sorted_vals.softmax(dim=-1)
-        mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted
-        keep = mass_before < batch.top_p.unsqueeze(1)
-        keep[:, 0] = True
-        cutoff = sorted_vals.masked_fill(~keep, float("inf")).min(dim=-1, keepdim=True).values
-        scaled = scaled.masked_fill(scaled < cutoff, float("-inf"))
-        probs = scaled.softmax(dim=-1).double()
-        noise = uniform_noise(batch.seeds, batch.steps, vocab)
-        race = probs / (-torch.log(noise))
-        tokens = torch.where(batch.temperature > 0, race.argmax(dim=-1), greedy_ids)
+    tokens = logits.argmax(dim=-1)
+    if not batch.all_greedy:
+        keys = row_keys(batch.seeds, batch.steps)
+        if batch.drawn is not None:
+            d = batch.drawn
+            tokens[d] = ops.gumbel_argmax(logits, d, batch.temperature[d].clamp(min=1e-5), keys[d])
+        if batch.filtered is not None:
+            f = batch.filtered
+            kept = _top_k_top_p(logits[f] / batch.temperature[f].clamp(min=1e-5).unsqueeze(1),
+                                batch.top_k[f], batch.top_p[f])
+            every = torch.arange(f.shape[0], device=logits.device)
+            tokens[f] = ops.gumbel_argmax(kept, every, torch.ones_like(batch.temperature[f]), keys[f])
     token_logprobs = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1) if logprobs is not None else None
     return tokens, token_logprobs
+
+
+def _top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """scaled (R, V) with every value outside each row's top k (k = 0 keeps all), then outside
+    the smallest prefix of those whose mass reaches its top p, set to -inf."""
+    vocab = scaled.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    sorted_vals, _ = scaled.sort(dim=-1, descending=True)
+    kth = sorted_vals.gather(1, (k - 1).unsqueeze(1))
+    scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    sorted_vals = sorted_vals.masked_fill(sorted_vals < kth, float("-inf"))
+    probs_sorted = sorted_vals.softmax(dim=-1)
+    mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted
+    keep = mass_before < top_p.unsqueeze(1)
+    keep[:, 0] = True
+    cutoff = sorted_vals.masked_fill(~keep, float("inf")).min(dim=-1, keepdim=True).values
+    return scaled.masked_fill(scaled < cutoff, float("-inf"))
 
 
 def float32_scratch(rows: int, vocab: int, device: torch.device) -> torch.Tensor | None:

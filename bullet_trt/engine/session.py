@@ -186,7 +186,7 @@ class TorchSession(EngineSession):
         picked = [items[i] for i in rows]
         batch = SamplingBatch.build([it.params for it in picked], [it.output_index for it in picked],
                                     [it.banned_token_ids for it in picked], self.device)
-        tokens, logprobs = sample(logits, batch, self.sample_scratch)
+        tokens, logprobs = sample(logits, batch, self.sample_scratch, self.model.ops)
         tokens = tokens.tolist()
         lps = logprobs.tolist() if logprobs is not None else [None] * len(rows)
         for row, tok, lp, it in zip(rows, tokens, lps, picked):

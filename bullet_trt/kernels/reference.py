@@ -131,3 +131,40 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         y = (act @ w_down[e].t()) * flat_weights[ids, None]
         out.index_add_(0, tokens, y.to(out.dtype))
     return out
+
+
+_MASK32 = 0xFFFFFFFF
+GUMBEL_ROWS_AT_ONCE = 16  # the per-element hash holds a few int64 (rows, vocab) tensors
+
+
+def fmix32(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's finaliser on int64 tensors kept in 32 bits; products wrap mod 2^64, which
+    leaves the low 32 bits exact on every device."""
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _MASK32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _MASK32
+    return h ^ (h >> 16)
+
+
+def gumbel_argmax(logits: torch.Tensor, rows: torch.Tensor, temperature: torch.Tensor,
+                  keys: torch.Tensor) -> torch.Tensor:
+    """For each i, the token a seeded categorical draw picks from row rows[i] of logits (B, V)
+    at temperature[i] (> 0): argmax over v of logits/temperature (in float32) plus the Gumbel
+    noise -log(-log(u)), u = (hash(keys[i], v) + 0.5) / 2^32 in float64. The noise is a pure
+    function of the row's key (engine/sampling.row_keys) and the vocabulary index, so a seeded
+    request draws the same tokens whatever shares its batch. Ties go to the lowest index.
+    int64 (len(rows),). Rows are taken a few at a time: the hash's int64 temporaries would be
+    gigabytes for a thousand rows of a 128k vocabulary."""
+    vocab = logits.shape[1]
+    idx = torch.arange(vocab, device=logits.device, dtype=torch.int64)
+    spread = (idx * 0x27D4EB2F) & _MASK32
+    out = torch.empty(rows.shape[0], dtype=torch.int64, device=logits.device)
+    for start in range(0, rows.shape[0], GUMBEL_ROWS_AT_ONCE):
+        sl = slice(start, start + GUMBEL_ROWS_AT_ONCE)
+        key = keys[sl].long().unsqueeze(1)
+        h = fmix32(fmix32((key ^ spread.unsqueeze(0)) & _MASK32) ^ key)
+        u = (h.double() + 0.5) / 4294967296.0
+        scaled = logits[rows[sl].long()].float() / temperature[sl].float().unsqueeze(1)
+        out[sl] = (scaled.double() - torch.log(-torch.log(u))).argmax(dim=-1)
+    return out

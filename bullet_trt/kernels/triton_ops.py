@@ -1,8 +1,8 @@
 """Triton GPU kernels with the same names and signatures as ``reference.py``.
 
-Imported only on CUDA (``ops_for``); this module, the one it gathers the MoE ops from
-(``triton_moe.py``), their shared tile product (``triton_dot.py``) and the GPU clock
-(``triton_clock.py``) are the only ones that import Triton. Every kernel accumulates in fp32 and
+Imported only on CUDA (``ops_for``); this module, the ones it gathers the MoE ops and the
+sampler's draw from (``triton_moe.py``, ``triton_sample.py``), their shared tile product
+(``triton_dot.py``) and the GPU clock (``triton_clock.py``) are the only ones that import Triton. Every kernel accumulates in fp32 and
 takes bf16, fp16 or fp32 tensors.
 
 Attention reads K/V straight from the paged cache (2, num_blocks, block_size, Hkv, D):
@@ -32,10 +32,11 @@ import triton.language as tl
 from bullet_trt.kernels.metadata import AttentionMetadata
 from bullet_trt.kernels.triton_dot import UPCAST_DOT, mm
 from bullet_trt.kernels.triton_moe import compile_moe_variants, fused_moe, moe_route
+from bullet_trt.kernels.triton_sample import gumbel_argmax
 
 __all__ = ["rms_norm", "add_rms_norm", "silu_and_mul", "apply_rope", "write_kv_cache",
            "paged_attention", "set_num_sms", "get_num_sms", "decode_splits_for",
-           "compile_decode_variants", "moe_route", "fused_moe", "compile_moe_variants"]
+           "compile_decode_variants", "moe_route", "fused_moe", "compile_moe_variants", "gumbel_argmax"]
 
 LOG2E = 1.4426950408889634
 

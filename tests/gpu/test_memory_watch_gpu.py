@@ -85,3 +85,26 @@ def test_blocks_cached_per_stream_go_back_between_steps():
     release.limit_bytes = 2 * block
     assert steps(release) <= 2 * block
     assert release.releases >= 2
+
+
+def test_a_drawn_batch_needs_no_vocabulary_sized_temporaries():
+    """Temperature sampling of 512 rows of Llama 3's vocabulary: the draw streams the logits
+    once in a kernel, so the step allocates kilobytes beyond its logits, where the hashed noise
+    in torch held several int64 (rows, vocab) tensors, 525 MB each."""
+    from bullet_trt.engine.sampling import SamplingBatch, float32_scratch, sample
+    from bullet_trt.kernels import triton_ops
+
+    gpu = torch.device("cuda")
+    rows, vocab = 512, 128256
+    logits = torch.randn(rows, vocab, dtype=torch.bfloat16, device=gpu)
+    scratch = float32_scratch(rows, vocab, gpu)
+    params = [SamplingParams(temperature=0.8, seed=i) for i in range(rows)]
+    batch = SamplingBatch.build(params, [0] * rows, [[]] * rows, gpu)
+    torch.cuda.synchronize(gpu)
+    torch.cuda.reset_peak_memory_stats(gpu)
+    before = torch.cuda.memory_allocated(gpu)
+    tokens, _ = sample(logits, batch, scratch, triton_ops)
+    torch.cuda.synchronize(gpu)
+    extra = torch.cuda.max_memory_allocated(gpu) - before
+    assert extra < 16 * 2**20, f"{extra / 2**20:.0f} MiB beyond the logits"
+    assert tokens.shape == (rows,) and len(set(tokens.tolist())) > rows // 2  # draws, not one argmax
