@@ -864,6 +864,8 @@ def test_serve_bench_starts_a_server_per_mode(tmp_path):
     assert doc["overrides"] == {"serve.mode": "chunked"} and doc["summary"]["completed"] == 4
     assert (out / "server_chunked.log").is_file()
     assert doc["engine_notes"] == engine_notes(out / "server_chunked.log")  # none from chunked on a CPU
+    host = doc["host"]  # which machine: runs on different hosts differ at the same GPU clocks
+    assert host["cpu"] and 1 <= host["usable_cores"] <= host["cores"]
     with pytest.raises(SystemExit, match="mode static: serve.static_prefill_sms"):
         serve_bench.main(["--start-server", "--modes", "static", "--dataset", "sharegpt", "--rates", "1",
                           "--out", str(out)])

@@ -9,6 +9,7 @@ from bullet_trt.spatial.gpu_monitor import TelemetrySampler
 from bullet_trt.tools.bench import datasets as ds
 from bullet_trt.tools.bench.capacity import DEFAULT_TARGET
 from bullet_trt.tools.bench.decided import DECIDED_ELSEWHERE, misses_that_decide, rate_failed, runs_to_come
+from bullet_trt.tools.bench.host import host_fields
 from bullet_trt.tools.bench.loadgen import LoadGenerator, LoadGenOptions
 from bullet_trt.tools.bench.progress import ProgressPrinter
 from bullet_trt.tools.bench.report import format_row, rebuild_report
@@ -93,7 +94,7 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
                    "overrides": overrides or {},
                    **({"engine_notes": engine_notes} if engine_notes is not None else {}),
                    "client": {"streams": args.streams, "temperature": args.temperature,
-                              "fixed_output": not args.allow_eos}, **telemetry},
+                              "fixed_output": not args.allow_eos}, **telemetry, **host_fields()},
             notes=notes, stopped_early=result.stopped_early, token_times=args.token_times)
         print(format_row(doc), flush=True)
         budget.ran(doc)
