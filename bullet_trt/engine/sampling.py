@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import torch
 
 from bullet_trt.kernels import reference
-from bullet_trt.kernels.reference import fmix32
 
 _MASK32 = 0xFFFFFFFF
 
@@ -48,8 +47,8 @@ class SamplingParams:
 def row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """Each row's 32-bit noise key, from its seed (int64 bit pattern) and output index."""
     lo, hi = seeds & _MASK32, (seeds >> 32) & _MASK32
-    key = fmix32(fmix32(lo ^ 0x9E3779B9) ^ hi)
-    return fmix32(key ^ ((steps.long() * 0x632BE5AB) & _MASK32))
+    key = reference.fmix32(reference.fmix32(lo ^ 0x9E3779B9) ^ hi)
+    return reference.fmix32(key ^ ((steps.long() * 0x632BE5AB) & _MASK32))
 
 
 def _device_tensor(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
