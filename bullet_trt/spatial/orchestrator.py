@@ -431,8 +431,9 @@ class SpatialEngine:
             if seq.request_id in reqs.aborted:
                 reqs.finish(seq, "abort")
             else:
+                first = seq.first_token_time is None  # not a preempted sequence prefilled again
                 reqs.accept(seq, res)
-                if self.plan_tuner is not None and seq.first_token_time is not None:
+                if first and self.plan_tuner is not None and seq.first_token_time is not None:
                     self.plan_tuner.record_ttft((seq.first_token_time - seq.arrival_time) * 1e3)
             outputs.append(reqs.output(seq))
             if seq.status is not SeqStatus.FINISHED:
