@@ -53,3 +53,26 @@ def test_top_k_and_top_p_rows_draw_inside_their_kept_set():
         drawn_p.add(int(p_tok))
     assert drawn_k <= top5 and drawn_p <= nucleus
     assert len(drawn_k) >= 3 and len(drawn_p) >= min(3, len(nucleus))  # draws, not the argmax
+
+
+def test_candidates_settle_what_sorting_the_whole_row_would(monkeypatch):
+    """Kept tokens found among a row's largest logits, or by sorting the whole row when its
+    nucleus reaches past them, draw exactly what whole-row sorting draws."""
+    from bullet_trt.engine import sampling
+    g = torch.Generator().manual_seed(4)
+    peaked = torch.randn(3, 500, generator=g) * 6  # the nucleus at 0.5: a handful of tokens
+    flat = torch.randn(3, 500, generator=g) * 0.1  # the nucleus at 0.99: most of the row
+    logits = torch.cat([peaked, flat])
+    params = ([SamplingParams(temperature=1.0, top_p=0.5, seed=i) for i in range(3)]
+              + [SamplingParams(temperature=0.9, top_p=0.99, seed=i) for i in range(3, 5)]
+              + [SamplingParams(temperature=1.0, top_k=40, top_p=0.9, seed=5)])  # k wider than 8
+
+    def draws(candidates: int) -> list[list[int]]:
+        monkeypatch.setattr(sampling, "CANDIDATES", candidates)
+        return [sample(logits.clone(), params_batch(params, [step] * 6))[0].tolist() for step in range(40)]
+
+    assert draws(8) == draws(500)
+    # the flat rows' nuclei do not fit 8 candidates: those rows took the whole-row sort
+    vals, _ = flat.topk(8, dim=-1)
+    _, complete = sampling._kept(flat, torch.ones(3), vals, torch.zeros(3, dtype=torch.int64), torch.full((3,), 0.99))
+    assert not complete.any()

@@ -5,8 +5,8 @@ so a request with a seed draws the same tokens whatever else shares its batch, a
 device. Sampling uses the Gumbel-max form of categorical sampling: argmax(logit_i / T + G_i),
 G_i = -log(-log(u_i)), picks token i with probability softmax(logits / T)_i, with no softmax
 computed; the draw is one kernel that streams each row's logits once
-(kernels/triton_sample.py; kernels/reference.gumbel_argmax on CPU). Only rows with top-k or
-top-p sort their logits first.
+(kernels/triton_sample.py; kernels/reference.gumbel_argmax on CPU). Rows with top-k or top-p
+find their kept tokens among their 1024 largest logits (`_draw_filtered`).
 """
 from __future__ import annotations
 
@@ -75,6 +75,7 @@ class SamplingBatch:
     want_logprobs: bool
     drawn: torch.Tensor | None = None  # int64: rows drawn from their whole distribution
     filtered: torch.Tensor | None = None  # int64: rows drawn after top-k / top-p
+    widest_top_k: int = 0  # the largest top-k among the filtered rows
 
     @staticmethod
     def build(params: list[SamplingParams], steps: list[int], banned: list[list[int]],
@@ -99,6 +100,7 @@ class SamplingBatch:
             want_logprobs=want_logprobs,
             drawn=_device_tensor(drawn, torch.int64, device) if drawn else None,
             filtered=_device_tensor(filtered, torch.int64, device) if filtered else None,
+            widest_top_k=max((params[i].top_k for i in filtered), default=0),
         )
 
 
@@ -133,29 +135,65 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, scratch: torch.Tensor | N
             tokens[d] = ops.gumbel_argmax(logits, d, batch.temperature[d].clamp(min=1e-5), keys[d])
         if batch.filtered is not None:
             f = batch.filtered
-            kept = _top_k_top_p(logits[f] / batch.temperature[f].clamp(min=1e-5).unsqueeze(1),
-                                batch.top_k[f], batch.top_p[f])
-            every = torch.arange(f.shape[0], device=logits.device)
-            tokens[f] = ops.gumbel_argmax(kept, every, torch.ones_like(batch.temperature[f]), keys[f])
+            rows = logits if f.shape[0] == logits.shape[0] else logits[f]  # every row filtered: no copy
+            tokens[f] = _draw_filtered(rows, batch.temperature[f].clamp(min=1e-5), batch.top_k[f],
+                                       batch.top_p[f], keys[f], batch.widest_top_k)
     token_logprobs = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1) if logprobs is not None else None
     return tokens, token_logprobs
 
 
-def _top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """scaled (R, V) with every value outside each row's top k (k = 0 keeps all), then outside
-    the smallest prefix of those whose mass reaches its top p, set to -inf."""
-    vocab = scaled.shape[-1]
-    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
-    sorted_vals, _ = scaled.sort(dim=-1, descending=True)
-    kth = sorted_vals.gather(1, (k - 1).unsqueeze(1))
-    scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    sorted_vals = sorted_vals.masked_fill(sorted_vals < kth, float("-inf"))
-    probs_sorted = sorted_vals.softmax(dim=-1)
-    mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted
-    keep = mass_before < top_p.unsqueeze(1)
-    keep[:, 0] = True
-    cutoff = sorted_vals.masked_fill(~keep, float("inf")).min(dim=-1, keepdim=True).values
-    return scaled.masked_fill(scaled < cutoff, float("-inf"))
+def _draw_filtered(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                   keys: torch.Tensor, widest_top_k: int) -> torch.Tensor:
+    """Tokens drawn from rows of logits (R, V) at their temperatures after top-k, then top-p
+    over the top-k survivors (the smallest prefix, by probability, whose mass reaches p). A
+    row's kept tokens are found among its `CANDIDATES` largest logits (or its top k, if wider),
+    so that R rows of a 128k vocabulary need (R, 1024) tensors rather than a sort of every row;
+    a row whose nucleus reaches past them (a flat distribution at a top-p near 1) sorts its
+    whole row instead. The draw is the Gumbel-max of the kept tokens under the same hashed
+    noise as every other row. (Dividing by a positive temperature keeps the logits' order.)"""
+    vocab = logits.shape[1]
+    width = min(vocab, max(CANDIDATES, widest_top_k))
+    vals, idx = logits.topk(width, dim=-1)  # descending
+    temp = temperature.unsqueeze(1)
+    kept, complete = _kept(logits, temperature, vals / temp, top_k, top_p)
+    tokens = _gumbel_pick(vals / temp, idx, kept, keys)
+    if width < vocab and not bool(complete.all()):
+        wide = (~complete).nonzero().squeeze(1)
+        vals, idx = logits[wide].sort(dim=-1, descending=True)
+        scaled = vals / temp[wide]
+        kept, _ = _kept(logits[wide], temperature[wide], scaled, top_k[wide], top_p[wide])
+        tokens[wide] = _gumbel_pick(scaled, idx, kept, keys[wide])
+    return tokens
+
+
+CANDIDATES = 1024  # an LM's nucleus at a top-p below ~0.95 lies far inside its top 1024
+
+
+def _kept(logits: torch.Tensor, temperature: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor,
+          top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(which of each row's candidates `vals` (R, W), its largest logits / temperature in
+    descending order, it keeps; whether that settles the row: its kept tokens all lie among
+    the W)."""
+    width, vocab = vals.shape[1], logits.shape[1]
+    survivors = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    in_k = torch.arange(width, device=vals.device).unsqueeze(0) < survivors.unsqueeze(1)
+    # top-p weighs the top-k survivors: all of them among the candidates, or the whole row
+    among = torch.logsumexp(vals.masked_fill(~in_k, float("-inf")), dim=-1)
+    whole = torch.cat([(logits[i:i + 16] / temperature[i:i + 16].unsqueeze(1)).logsumexp(dim=-1)
+                       for i in range(0, logits.shape[0], 16)])  # 16 rows at a time: no (R, V) temporary
+    norm = torch.where(survivors <= width, among, whole)
+    probs = torch.exp(vals - norm.unsqueeze(1)).masked_fill(~in_k, 0.0)
+    mass_before = probs.cumsum(dim=-1) - probs
+    kept = in_k & (mass_before < top_p.unsqueeze(1))
+    kept[:, 0] = True
+    complete = (survivors <= width) | (mass_before[:, -1] + probs[:, -1] >= top_p)
+    return kept, complete
+
+
+def _gumbel_pick(vals: torch.Tensor, idx: torch.Tensor, kept: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The kept candidate with the largest scaled logit plus its vocabulary index's noise."""
+    race = (vals.double() + reference.gumbel_noise(keys, idx)).masked_fill(~kept, float("-inf"))
+    return idx.gather(1, race.argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
 def float32_scratch(rows: int, vocab: int, device: torch.device) -> torch.Tensor | None:

@@ -157,14 +157,19 @@ def gumbel_argmax(logits: torch.Tensor, rows: torch.Tensor, temperature: torch.T
     int64 (len(rows),). Rows are taken a few at a time: the hash's int64 temporaries would be
     gigabytes for a thousand rows of a 128k vocabulary."""
     vocab = logits.shape[1]
-    idx = torch.arange(vocab, device=logits.device, dtype=torch.int64)
-    spread = (idx * 0x27D4EB2F) & _MASK32
+    idx = torch.arange(vocab, device=logits.device, dtype=torch.int64).unsqueeze(0)
     out = torch.empty(rows.shape[0], dtype=torch.int64, device=logits.device)
     for start in range(0, rows.shape[0], GUMBEL_ROWS_AT_ONCE):
         sl = slice(start, start + GUMBEL_ROWS_AT_ONCE)
-        key = keys[sl].long().unsqueeze(1)
-        h = fmix32(fmix32((key ^ spread.unsqueeze(0)) & _MASK32) ^ key)
-        u = (h.double() + 0.5) / 4294967296.0
         scaled = logits[rows[sl].long()].float() / temperature[sl].float().unsqueeze(1)
-        out[sl] = (scaled.double() - torch.log(-torch.log(u))).argmax(dim=-1)
+        out[sl] = (scaled.double() + gumbel_noise(keys[sl], idx)).argmax(dim=-1)
     return out
+
+
+def gumbel_noise(keys: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """float64 Gumbel noise -log(-log(u)) of vocabulary indices idx (R, K) or (1, K) under row
+    keys (R,): u = (hash(key, index) + 0.5) / 2^32, the same for an index wherever it stands."""
+    key = keys.long().unsqueeze(1)
+    h = fmix32(fmix32((key ^ ((idx * 0x27D4EB2F) & _MASK32)) & _MASK32) ^ key)
+    u = (h.double() + 0.5) / 4294967296.0
+    return -torch.log(-torch.log(u))
