@@ -2,8 +2,8 @@
 
 Imported only on CUDA (``ops_for``); this module, the ones it gathers the MoE ops and the
 sampler's draw from (``triton_moe.py``, ``triton_sample.py``), their shared tile product
-(``triton_dot.py``) and the GPU clock (``triton_clock.py``) are the only ones that import Triton. Every kernel accumulates in fp32 and
-takes bf16, fp16 or fp32 tensors.
+(``triton_dot.py``) and the GPU clock (``triton_clock.py``) are the only ones that import
+Triton. Every kernel accumulates in fp32 and takes bf16, fp16 or fp32 tensors.
 
 Attention reads K/V straight from the paged cache (2, num_blocks, block_size, Hkv, D):
 
