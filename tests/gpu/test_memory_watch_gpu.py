@@ -87,49 +87,43 @@ def test_blocks_cached_per_stream_go_back_between_steps():
     assert release.releases >= 2
 
 
-def test_a_drawn_batch_needs_no_vocabulary_sized_temporaries():
-    """Temperature sampling of 512 rows of Llama 3's vocabulary: the draw streams the logits
-    once in a kernel, so the step allocates kilobytes beyond its logits, where the hashed noise
-    in torch held several int64 (rows, vocab) tensors, 525 MB each."""
+ROWS, VOCAB = 512, 128256  # a loaded decode batch of Llama 3's vocabulary
+
+
+def sampled_with_peak(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, int]:
+    """(the tokens a GPU session's sampler picks from logits, the most memory the sampling
+    allocated beyond what was allocated before it)."""
     from bullet_trt.engine.sampling import SamplingBatch, float32_scratch, sample
     from bullet_trt.kernels import triton_ops
 
-    gpu = torch.device("cuda")
-    rows, vocab = 512, 128256
-    logits = torch.randn(rows, vocab, dtype=torch.bfloat16, device=gpu)
-    scratch = float32_scratch(rows, vocab, gpu)
-    params = [SamplingParams(temperature=0.8, seed=i) for i in range(rows)]
-    batch = SamplingBatch.build(params, [0] * rows, [[]] * rows, gpu)
+    gpu = logits.device
+    scratch = float32_scratch(logits.shape[0], logits.shape[1], gpu)
+    batch = SamplingBatch.build(params, [0] * len(params), [[]] * len(params), gpu)
     torch.cuda.synchronize(gpu)
     torch.cuda.reset_peak_memory_stats(gpu)
     before = torch.cuda.memory_allocated(gpu)
     tokens, _ = sample(logits, batch, scratch, triton_ops)
     torch.cuda.synchronize(gpu)
-    extra = torch.cuda.max_memory_allocated(gpu) - before
+    return tokens, torch.cuda.max_memory_allocated(gpu) - before
+
+
+def test_a_drawn_batch_needs_no_vocabulary_sized_temporaries():
+    """Temperature sampling of 512 rows of Llama 3's vocabulary: the draw streams the logits
+    once in a kernel, so the step allocates kilobytes beyond its logits, where the hashed noise
+    in torch held several int64 (rows, vocab) tensors, 525 MB each."""
+    logits = torch.randn(ROWS, VOCAB, dtype=torch.bfloat16, device="cuda")
+    tokens, extra = sampled_with_peak(logits, [SamplingParams(temperature=0.8, seed=i) for i in range(ROWS)])
     assert extra < 16 * 2**20, f"{extra / 2**20:.0f} MiB beyond the logits"
-    assert tokens.shape == (rows,) and len(set(tokens.tolist())) > rows // 2  # draws, not one argmax
+    assert tokens.shape == (ROWS,) and len(set(tokens.tolist())) > ROWS // 2  # draws, not one argmax
 
 
 def test_a_top_p_batch_finds_its_nucleus_without_sorting_every_row():
     """512 rows at top-p 0.9 whose mass sits in 20 tokens (as a language model's does): the kept
     tokens come from each row's 1024 largest logits, (512, 1024) tensors, where sorting every
     row of a 128k vocabulary took gigabytes."""
-    from bullet_trt.engine.sampling import SamplingBatch, float32_scratch, sample
-    from bullet_trt.kernels import triton_ops
-
-    gpu = torch.device("cuda")
-    rows, vocab = 512, 128256
-    logits = torch.randn(rows, vocab, device=gpu)
+    logits = torch.randn(ROWS, VOCAB, device="cuda")
     logits[:, :20] += 15.0
-    logits = logits.to(torch.bfloat16)
-    scratch = float32_scratch(rows, vocab, gpu)
-    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i) for i in range(rows)]
-    batch = SamplingBatch.build(params, [0] * rows, [[]] * rows, gpu)
-    torch.cuda.synchronize(gpu)
-    torch.cuda.reset_peak_memory_stats(gpu)
-    before = torch.cuda.memory_allocated(gpu)
-    tokens, _ = sample(logits, batch, scratch, triton_ops)
-    torch.cuda.synchronize(gpu)
-    extra = torch.cuda.max_memory_allocated(gpu) - before
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i) for i in range(ROWS)]
+    tokens, extra = sampled_with_peak(logits.to(torch.bfloat16), params)
     assert extra < 96 * 2**20, f"{extra / 2**20:.0f} MiB beyond the logits"
     assert (tokens < 20).all() and len(set(tokens.tolist())) > 5  # inside each nucleus, and drawn
