@@ -853,19 +853,37 @@ def test_hf_peer_replays_the_workload_on_cpu(tmp_path):
         assert r["num_output_tokens"] == r["max_tokens"] and r["ttft_s"] > 0
 
 
+def test_requests_carry_top_p_and_top_k_only_when_given():
+    from bullet_trt.tools.bench.loadgen import LoadGenOptions, build_inputs
+    req = ds.BenchRequest(index=0, arrival_s=0.0, input_tokens=4, output_tokens=3, prompt="hi")
+
+    def sent(opts: LoadGenOptions) -> dict:
+        return {i.name(): i for i in build_inputs(req, opts)}
+
+    plain = sent(LoadGenOptions(temperature=0.8))
+    assert "top_p" not in plain and "top_k" not in plain
+    both = sent(LoadGenOptions(temperature=0.8, top_p=0.9, top_k=50))
+    assert (both["top_p"].datatype(), both["top_k"].datatype()) == ("FP32", "INT32")
+
+
 def test_serve_bench_starts_a_server_per_mode(tmp_path):
     from bullet_trt.tools.bench import serve_bench
     out = tmp_path / "results"
     rc = serve_bench.main(["--start-server", "--modes", "chunked", "--dataset", "azure-code", "--rates", "20",
                            "--num-requests", "4", "--max-output-tokens", "3", "--warmup", "1", "--no-progress",
+                           "--temperature", "0.8", "--top-p", "0.9", "--top-k", "50",
                            "--no-plots", "--out", str(out)])
     assert rc == 0
     doc = json.loads((out / "chunked__azure-code__rate20.json").read_text())
     assert doc["overrides"] == {"serve.mode": "chunked"} and doc["summary"]["completed"] == 4
+    # the requests sampled (temperature, top-p, top-k through the server's sampler) and say so
+    assert (doc["client"]["temperature"], doc["client"]["top_p"], doc["client"]["top_k"]) == (0.8, 0.9, 50)
     assert (out / "server_chunked.log").is_file()
     assert doc["engine_notes"] == engine_notes(out / "server_chunked.log")  # none from chunked on a CPU
     host = doc["host"]  # which machine: runs on different hosts differ at the same GPU clocks
     assert host["cpu"] and 1 <= host["usable_cores"] <= host["cores"]
+    with pytest.raises(SystemExit, match="--top-p must lie in"):
+        serve_bench.main(["--dataset", "sharegpt", "--rates", "1", "--top-p", "0", "--out", str(out)])
     with pytest.raises(SystemExit, match="mode static: serve.static_prefill_sms"):
         serve_bench.main(["--start-server", "--modes", "static", "--dataset", "sharegpt", "--rates", "1",
                           "--out", str(out)])

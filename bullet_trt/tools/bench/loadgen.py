@@ -7,7 +7,8 @@ the TensorRT-LLM tensor names::
 
     text_input [1,1] BYTES, max_tokens, min_tokens [1,1] INT32 (min = max: exactly the
     workload's output length is generated), stream=true, exclude_input_in_output=true,
-    return_num_input_tokens / return_num_output_tokens=true, temperature (0: greedy)
+    return_num_input_tokens / return_num_output_tokens=true, temperature (0: greedy), top_p and
+    top_k when given
 
 The callback stamps every response with ``time.perf_counter()`` and its token count: the
 response's ``num_output_tokens`` (this server reports the tokens of that response when
@@ -42,6 +43,8 @@ from bullet_trt.tools.bench.metrics import RequestRecord
 class LoadGenOptions:
     model: str = "bullet"
     temperature: float = 0.0
+    top_p: float = 1.0  # sent only below 1
+    top_k: int = 0  # sent only above 0
     fixed_output: bool = True  # send min_tokens = max_tokens
     seed: int | None = None
     streams: int = 1
@@ -89,6 +92,10 @@ def build_inputs(req: BenchRequest, opts: LoadGenOptions):
         ("return_num_output_tokens", True, "BOOL"),
         ("temperature", opts.temperature, "FP32"),
     ]
+    if opts.top_p < 1.0:
+        fields.append(("top_p", opts.top_p, "FP32"))
+    if opts.top_k > 0:
+        fields.append(("top_k", opts.top_k, "INT32"))
     if opts.fixed_output:
         fields.append(("min_tokens", req.output_tokens, "INT32"))
     if opts.seed is not None:

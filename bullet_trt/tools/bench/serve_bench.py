@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_workload_args(ap)
     c = ap.add_argument_group("client")
     c.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    c.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus sampling's p for every request, in (0, 1] (default 1: not sent)")
+    c.add_argument("--top-k", type=int, default=0, help="top-k for every request (default 0: not sent)")
     c.add_argument("--allow-eos", action="store_true",
                    help="let requests stop at an end token (default: min_tokens = max_tokens, so every request "
                         "generates exactly its workload length)")
@@ -166,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in pngs:
             print(f"wrote {p}")
         return 0
+    if not 0.0 < args.top_p <= 1.0 or args.top_k < 0:
+        raise SystemExit(f"bullet-trt bench serve: --top-p must lie in (0, 1] and --top-k be >= 0, "
+                         f"got {args.top_p} and {args.top_k}")
     if args.decide_over is not None and args.decide_over < args.repeats:
         raise SystemExit(f"bullet-trt bench serve: --decide-over must be >= --repeats ({args.repeats}), "
                          f"got {args.decide_over}")

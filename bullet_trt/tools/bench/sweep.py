@@ -73,7 +73,8 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
             print(f"{label} {dataset_name(w.dataset)} {rate_text}: not started, nor the {len(workloads) - n - 1} "
                   f"after it: {budget.why(w.duration_s)}", flush=True)
             raise BudgetSpent()
-        opts = LoadGenOptions(model=args.model, temperature=args.temperature, fixed_output=not args.allow_eos,
+        opts = LoadGenOptions(model=args.model, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                              fixed_output=not args.allow_eos,
                               streams=args.streams, drain_timeout_s=args.drain_timeout_s,
                               timeout_s=args.timeout_s or (w.duration_s + args.drain_timeout_s + 60),
                               ttft_slo_s=ttft_slo / 1e3, give_up_at_misses=give_up)
@@ -94,6 +95,7 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
                    "overrides": overrides or {},
                    **({"engine_notes": engine_notes} if engine_notes is not None else {}),
                    "client": {"streams": args.streams, "temperature": args.temperature,
+                              "top_p": args.top_p, "top_k": args.top_k,
                               "fixed_output": not args.allow_eos}, **telemetry, **host_fields()},
             notes=notes, stopped_early=result.stopped_early, token_times=args.token_times)
         print(format_row(doc), flush=True)

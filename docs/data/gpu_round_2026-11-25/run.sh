@@ -52,6 +52,8 @@
 # each named in the runs' label, e.g. SETS="serve.tpot_plan_fraction=1.0".
 # PYTORCH_CUDA_ALLOC_CONF, exported, reaches every process of the server (the engine and its
 # workers) and is named in the protocol stages' labels, e.g. expandable_segments:True.
+# $CLIENT: bench serve's client options for the protocol and moe stages, named in their labels,
+# e.g. CLIENT="--temperature 0.8 --top-p 0.9" (default: greedy).
 # Every stage serves $DATASET (default sharegpt; azure-conv, azure-code) at TTFT <= $TTFT_SLO ms
 # and TPOT <= $TPOT_SLO ms (defaults 1000 and 50), e.g. the targets' second and third rows:
 #   TPOT_SLO=40 PAIR="bullet:2048:36 chunked:1024:26" ... pair   (what two H100s sustained)
@@ -91,12 +93,17 @@ repeated() {  # repeated LABEL: $MODE at ascending $RATE, ${REPEATS:-3} seeds x 
   done
   # an allocator setting for every process of the server names itself too
   [ -n "${PYTORCH_CUDA_ALLOC_CONF:-}" ] && set_tag="$set_tag-alloc=${PYTORCH_CUDA_ALLOC_CONF//[:,]/_}"
+  # and so do the client's options, flag-value pairs ($CLIENT="--temperature 0.8 --top-p 0.9"
+  # -> -temperature=0.8-top-p=0.9)
+  local client=() i
+  read -ra client <<<"${CLIENT:-}"
+  for ((i = 0; i + 1 < ${#client[@]}; i += 2)); do set_tag="$set_tag-${client[i]#--}=${client[i + 1]}"; done
   local limit=${LIMIT:-590}
   [ -z "${LIMIT:-}" ] && [ -n "${DEADLINE:-}" ] && limit=$((DEADLINE - $(date +%s) - 10))
   [ "$limit" -gt 30 ] || { echo "run.sh: $((limit)) s left before DEADLINE: $1 not started"; return; }
   local iterations=""  # not in the label: a run with its iteration log is the same run
   [ -n "${ITER_LOG:-}" ] && iterations="--set serve.iteration_log=$OUT/iterations_${MODE}_$(date +%s).jsonl"
-  serve "$1-${CHUNK:-2048}$SLO_TAG$set_tag" "$limit" --modes "$MODE" --rates "${RATE:?}" $G $graphs $sets $iterations \
+  serve "$1-${CHUNK:-2048}$SLO_TAG$set_tag" "$limit" --modes "$MODE" --rates "${RATE:?}" $G $graphs $sets $iterations ${CLIENT:-} \
     --duration "${DURATION:-120}" --repeats "${REPEATS:-3}" --seed "${SEED:-100}" --stop-when-decided \
     ${DECIDE_OVER:+--decide-over "$DECIDE_OVER"}
   [ -n "$iterations" ] && gzip -f "$OUT"/iterations_*.jsonl 2>/dev/null
