@@ -155,13 +155,15 @@ def _draw_filtered(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     width = min(vocab, max(CANDIDATES, widest_top_k))
     vals, idx = logits.topk(width, dim=-1)  # descending
     temp = temperature.unsqueeze(1)
-    kept, complete = _kept(logits, temperature, vals / temp, top_k, top_p)
-    tokens = _gumbel_pick(vals / temp, idx, kept, keys)
+    scaled = vals / temp
+    kept, complete = _kept(logits, temperature, scaled, top_k, top_p)
+    tokens = _gumbel_pick(scaled, idx, kept, keys)
     if width < vocab and not bool(complete.all()):
         wide = (~complete).nonzero().squeeze(1)
-        vals, idx = logits[wide].sort(dim=-1, descending=True)
+        wide_logits = logits[wide]
+        vals, idx = wide_logits.sort(dim=-1, descending=True)
         scaled = vals / temp[wide]
-        kept, _ = _kept(logits[wide], temperature[wide], scaled, top_k[wide], top_p[wide])
+        kept, _ = _kept(wide_logits, temperature[wide], scaled, top_k[wide], top_p[wide])
         tokens[wide] = _gumbel_pick(scaled, idx, kept, keys[wide])
     return tokens
 
@@ -178,10 +180,12 @@ def _kept(logits: torch.Tensor, temperature: torch.Tensor, vals: torch.Tensor, t
     survivors = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
     in_k = torch.arange(width, device=vals.device).unsqueeze(0) < survivors.unsqueeze(1)
     # top-p weighs the top-k survivors: all of them among the candidates, or the whole row
-    among = torch.logsumexp(vals.masked_fill(~in_k, float("-inf")), dim=-1)
-    whole = torch.cat([(logits[i:i + 16] / temperature[i:i + 16].unsqueeze(1)).logsumexp(dim=-1)
-                       for i in range(0, logits.shape[0], 16)])  # 16 rows at a time: no (R, V) temporary
-    norm = torch.where(survivors <= width, among, whole)
+    # (candidates as wide as the row hold every survivor: no second pass over it)
+    norm = torch.logsumexp(vals.masked_fill(~in_k, float("-inf")), dim=-1)
+    if width < vocab:
+        whole = torch.cat([(logits[i:i + 16] / temperature[i:i + 16].unsqueeze(1)).logsumexp(dim=-1)
+                           for i in range(0, logits.shape[0], 16)])  # 16 rows at a time: no (R, V) temporary
+        norm = torch.where(survivors <= width, norm, whole)
     probs = torch.exp(vals - norm.unsqueeze(1)).masked_fill(~in_k, 0.0)
     mass_before = probs.cumsum(dim=-1) - probs
     kept = in_k & (mass_before < top_p.unsqueeze(1))
