@@ -55,3 +55,26 @@ def test_names_the_device_free_memory_when_given():
 def test_nothing_to_watch_on_cpu():
     assert ReservedMemoryWatch.for_device("decode", torch.device("cpu")) is None
 
+
+
+def test_with_an_idle_cache_the_watch_reports_what_the_release_left():
+    """One read of the allocator's books a step: the release goes first, and cache it handed
+    back is no growth; what the step keeps allocated is."""
+    from bullet_trt.engine.idle_cache import IdleCacheRelease
+    from tests.test_idle_cache import FakeAllocator
+
+    alloc = FakeAllocator(reserved=1000 * MIB, allocated=1000 * MIB)
+    reads = []
+
+    def stats():
+        reads.append(1)
+        return alloc.stats()
+
+    release = IdleCacheRelease("prefill", stats, alloc.release, limit_bytes=256 * MIB)
+    watch = ReservedMemoryWatch("prefill", lambda: alloc.reserved, step_mib=128, idle_cache=release)
+    reads.clear()
+    alloc.cache(300)  # idle: released, so no growth
+    assert watch.after_step(step([2048])) is None and alloc.releases == 1 and len(reads) == 2
+    alloc.reserved += 200 * MIB
+    alloc.allocated += 200 * MIB  # held by the step: growth
+    assert "grew by 200 MiB" in watch.after_step(step([2048]))

@@ -37,6 +37,7 @@ class IdleCacheRelease:
         self.limit_bytes = limit_bytes
         reserved, allocated = stats()
         self.floor = reserved - allocated
+        self.reserved = reserved  # what the allocator held at the last look, after any release
         self.releases = 0
 
     @classmethod
@@ -54,11 +55,13 @@ class IdleCacheRelease:
     def after_step(self) -> bool:
         """Call once the step's stream is done; returns whether it released the idle cache."""
         reserved, allocated = self._stats()
+        self.reserved = reserved
         idle = reserved - allocated
         if idle < self.floor + self.limit_bytes:
             return False
         self._release()
         after_reserved, after_allocated = self._stats()
+        self.reserved = after_reserved
         # what the release could not hand back (a graph pool's blocks, say) is the new floor
         self.floor = after_reserved - after_allocated
         self.releases += 1

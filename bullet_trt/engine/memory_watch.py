@@ -13,7 +13,8 @@ graphs returned a float32 copy of each step's logits, a new allocator segment wh
 batch grew (the sampler's buffer takes it now, engine/cuda_graphs.py). The prefill worker's
 reserve grows too, to 4.16 GiB within two minutes on an H100 and 9.18 GiB on an H200 at
 50 req/s: its idle cache is handed back between steps now (engine/idle_cache.py says why, and
-what a cap on the allocator did instead).
+what a cap on the allocator did instead). A watch made for a device does that too, before it
+looks, from the same read of the allocator's books.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import sys
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
+
+from bullet_trt.engine.idle_cache import IdleCacheRelease
 
 if TYPE_CHECKING:
     from bullet_trt.engine.session import BatchItem
@@ -31,10 +34,11 @@ MIB = 2**20
 
 class ReservedMemoryWatch:
     def __init__(self, role: str, reserved: Callable[[], int], free: Callable[[], int] | None = None,
-                 step_mib: int = 128):
+                 step_mib: int = 128, idle_cache: IdleCacheRelease | None = None):
         self.role = role
         self._reserved = reserved
         self._free = free
+        self._idle_cache = idle_cache
         self.step_bytes = step_mib * MIB
         self.high = reserved()  # what the worker held when it began to serve
 
@@ -45,7 +49,8 @@ class ReservedMemoryWatch:
         if device.type != "cuda":
             return None
         return cls(role, lambda: torch.cuda.memory_reserved(device),
-                   lambda: torch.cuda.mem_get_info(device)[0])
+                   lambda: torch.cuda.mem_get_info(device)[0],
+                   idle_cache=IdleCacheRelease.for_device(role, device))
 
     def _device_free(self) -> str:
         return "" if self._free is None else f"; the device has {self._free() / GIB:.2f} GiB free"
@@ -59,8 +64,13 @@ class ReservedMemoryWatch:
         """Call after each step with its items (in as many parts as the step has); reports
         growth past the last reported figure by at least step_mib (a few lines a run, not one
         per step) and returns the line, else None. The step is only counted for a report: a
-        decode step of a thousand rows would otherwise pay for it every time."""
-        now = self._reserved()
+        decode step of a thousand rows would otherwise pay for it every time. With an idle
+        cache to release, the release comes first and its read of the books is the one looked at."""
+        if self._idle_cache is not None:
+            self._idle_cache.after_step()
+            now = self._idle_cache.reserved
+        else:
+            now = self._reserved()
         if now < self.high + self.step_bytes:
             return None
         grown = now - self.high

@@ -29,7 +29,6 @@ import torch
 import torch.multiprocessing as mp
 
 from bullet_trt.engine.gc_freeze import freeze_startup_objects
-from bullet_trt.engine.idle_cache import IdleCacheRelease
 from bullet_trt.engine.memory_watch import ReservedMemoryWatch
 from bullet_trt.engine.shared_state import attach_session
 from bullet_trt.engine.step_failure import device_usable
@@ -86,10 +85,9 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
         _capture_graphs(session, part, name, splits, set_num_sms)
         clock = _start_clock(device, part, splits) if setup.gpu_clock and device.type == "cuda" else None
         freeze_startup_objects()
-        memory = ReservedMemoryWatch.for_device(name, device)
+        memory = ReservedMemoryWatch.for_device(name, device)  # it hands idle cache back too
         if memory is not None:
             memory.started()
-        idle_cache = IdleCacheRelease.for_device(name, device)
         outbox.put(WorkerReady(name, os.getpid(), part.describe(), session.model.fused_groups,
                                _piecewise_ready(session)))
     except Exception:
@@ -127,8 +125,6 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                         results, elapsed_ms, start, gpu_window = _timed_run(session, device, part, name, split,
                                                                             set_num_sms, items, clock)
                         outbox.put(BatchDone(name, results, elapsed_ms, start, waited_ms, gpu_window))
-                        if idle_cache is not None:
-                            idle_cache.after_step()
                         if memory is not None:
                             memory.after_step(items)
                     except Exception:
@@ -174,8 +170,6 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
         last_step_end = time.monotonic()
         outbox.put(step)
         # after the tokens have left: the orchestrator need not wait for the allocator's books
-        if idle_cache is not None:
-            idle_cache.after_step()
         if memory is not None:
             memory.after_step(rows, prompts)
 
