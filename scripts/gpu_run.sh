@@ -149,7 +149,8 @@ unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE  # it would cap the green contexts
   "$PY" -c 'import numpy; print("numpy", numpy.__version__)' 2>&1
   # the engine loop and the workers' step preparation are Python: the host's cores set part of
   # a serving run's pace, and runs on different hosts differed at the same GPU clocks (2026-11-26)
-  echo "host: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
+  echo "host: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores," \
+    "python pace $("$PY" -c 'from bullet_trt.tools.bench.host import python_pace_ns as p; print(f"{p():.1f}")' 2>&1) ns/item"
 } | tee "$out/environment.txt" >&2
 
 # -- MPS --------------------------------------------------------------------------------------
