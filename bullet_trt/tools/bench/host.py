@@ -25,10 +25,12 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return platform.processor() or platform.machine()
 
 
-def python_pace_ns(rounds: int = 5, items: int = 20_000) -> float:
+def python_pace_ns(rounds: int = 20, items: int = 20_000) -> float:
     """Nanoseconds per item of a loop shaped like the scheduler's bookkeeping (attribute reads,
-    dict updates, list appends), the best of `rounds`: lower is a faster host for the engine
-    loop. A few hundredths of a second in all."""
+    dict updates, list appends), the best of `rounds` (the first find a cold core, and a busy
+    host's others steal some): lower is a faster host for the engine loop. About 0.05-0.1 s.
+    One GPU host gave 104-200 ns across its calls, so a figure means something only beside
+    others taken on the same host."""
     class Row:
         __slots__ = ("tokens", "blocks")
 
