@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from bullet_trt.engine.graph_inputs import DecodeInputStaging
 from bullet_trt.kernels.metadata import AttentionMetadata
 
 
@@ -35,6 +36,7 @@ class DecodeGraphs:
         self.block_tables = self.dev_i32[n:].view(n, self.max_blocks)
         self.host_i64 = torch.zeros(3, n, dtype=torch.long).pin_memory()
         self.host_i32 = torch.zeros(n + n * self.max_blocks, dtype=torch.int32).pin_memory()
+        self.staging = DecodeInputStaging(self.host_i64.numpy(), self.host_i32.numpy(), block_size, self.max_blocks)
         self.copied = torch.cuda.Event()  # the host buffers are free again once this fires
         self.slots.fill_(-1)  # captures before the first real step must not write KV
         self.seq_lens.fill_(1)
@@ -91,25 +93,10 @@ class DecodeGraphs:
 
     def _stage(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]],
                b: int) -> None:
-        """Fills the static inputs for a batch padded to b: padded rows read one token of
-        block 0 and write nothing (slot -1)."""
-        batch, n = len(token_ids), self.dev_i64.shape[1]
+        """Fills the static inputs for a batch padded to b (graph_inputs.py)."""
+        n = self.dev_i64.shape[1]
         self.copied.synchronize()
-        i64 = self.host_i64.numpy()
-        i64[:2, batch:b] = 0
-        i64[2, batch:b] = -1
-        i64[0, :batch] = token_ids
-        i64[1, :batch] = positions
-        bs = self.block_size
-        i64[2, :batch] = [t[p // bs] * bs + p % bs for t, p in zip(block_tables, positions)]
-        i32 = self.host_i32.numpy()
-        i32[:batch] = positions
-        i32[:batch] += 1
-        i32[batch:b] = 1
-        tables = i32[n:].reshape(n, self.max_blocks)
-        for row, t in zip(tables, block_tables):
-            row[:len(t)] = t
-        tables[batch:b] = 0
+        self.staging.fill(token_ids, positions, block_tables, b)
         self.dev_i64.copy_(self.host_i64, non_blocking=True)
         self.dev_i32[:n].copy_(self.host_i32[:n], non_blocking=True)
         span = slice(n, n + b * self.max_blocks)
