@@ -200,13 +200,15 @@ def test_sequence_token_slices_match_the_concatenated_list():
 
 def test_banned_tokens_are_masked_per_row_in_one_batch():
     from bullet_trt.engine.sampling import SamplingBatch, sample
-    logits = torch.zeros(3, 10)
+    logits = torch.zeros(6, 10)
     logits[:, 4] = 5.0  # everyone's argmax
     logits[:, 7] = 4.0
-    params = [SamplingParams(temperature=0.0)] * 3
-    batch = SamplingBatch.build(params, [0, 0, 0], [[4], [], [4, 7]], "cpu")
+    logits[:, 2] = 3.0
+    params = [SamplingParams(temperature=0.0)] * 6
+    # rows sharing a list of banned ids are masked together, in any order of the ids
+    batch = SamplingBatch.build(params, [0] * 6, [[4], [], [4, 7], [4], [7, 4], [4, 7, 2]], "cpu")
     tokens, _ = sample(logits, batch)
-    assert tokens.tolist() == [7, 4, 0]
+    assert tokens.tolist() == [7, 4, 2, 7, 2, 0]
 
 
 def test_sampling_in_a_scratch_buffer_picks_what_a_fresh_copy_does():

@@ -118,12 +118,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, scratch: torch.Tensor | N
     else:
         logits = logits.float()
     if any(batch.banned):
-        # One scatter for the whole batch: a benchmark's fixed-length requests ban the end
-        # tokens on every row, and one indexing op per row costs more than the step's GEMMs.
-        rows = [r for r, ids in enumerate(batch.banned) for _ in ids]
-        cols = [t for ids in batch.banned for t in ids]
-        logits[_device_tensor(rows, torch.int64, logits.device),
-               _device_tensor(cols, torch.int64, logits.device)] = float("-inf")
+        _ban(logits, batch.banned)
     logprobs = None
     if batch.want_logprobs:
         logprobs = torch.log_softmax(logits, dim=-1)
@@ -140,6 +135,20 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, scratch: torch.Tensor | N
                                        batch.top_p[f], keys[f], batch.widest_top_k)
     token_logprobs = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1) if logprobs is not None else None
     return tokens, token_logprobs
+
+
+def _ban(logits: torch.Tensor, banned: list[list[int]]) -> None:
+    """Sets each row's banned tokens to -inf, one scatter per distinct list of banned ids:
+    a benchmark's fixed-length requests ban the same end tokens on every row, and one
+    indexing op per row costs more than the step's GEMMs. (Listing every (row, token) pair
+    in Python instead took ~1.3 ms a step at 1024 rows, the GPU idle meanwhile.)"""
+    rows_by_ids: dict[tuple[int, ...], list[int]] = {}
+    for row, ids in enumerate(banned):
+        if ids:
+            rows_by_ids.setdefault(tuple(ids), []).append(row)
+    for ids, rows in rows_by_ids.items():
+        logits[_device_tensor(rows, torch.int64, logits.device).unsqueeze(1),
+               _device_tensor(list(ids), torch.int64, logits.device)] = float("-inf")
 
 
 def _draw_filtered(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

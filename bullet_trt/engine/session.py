@@ -28,7 +28,7 @@ class BatchItem:
     banned_token_ids: list[int] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)  # a decode step makes one per row
 class SampleResult:
     token_id: int
     logprob: float | None = None
