@@ -48,6 +48,8 @@
 #      ENGINE        the dummy-weight engine for bench / serve-compare (default $GPU_RUN_DIR/engines/llama-3.1-8b)
 #      MOE_ENGINE    the dummy-weight MoE engine for bench moe (default $GPU_RUN_DIR/engines/qwen3-30b-a3b)
 #      NO_MPS=1      do not start the MPS daemon
+#      CODE_AT       a commit whose code runs the sub-command instead of this tree's (an A/B on one
+#                    host; below), from .whl/code_COMMIT.tar.gz made by scripts/code_at.sh
 set -u -o pipefail
 
 out=${OUT:-./out}
@@ -72,6 +74,29 @@ else
   work=$(mktemp -d "${TMPDIR:-/tmp}/bullet-gpu-run.XXXXXX") || die "mktemp failed"
   own_work=1
 fi
+
+# -- another commit's code --------------------------------------------------------------------
+# Hosts of one GPU kind differ (2026-11-26, eighth round: the same code attained 50% on one
+# host and 82% on another), so a change is measured against the code before it on one machine.
+# CODE_AT=COMMIT runs the whole sub-command with that commit's tree instead of this one: its
+# .whl/code_COMMIT.tar.gz (made by scripts/code_at.sh) unpacked once into $GPU_RUN_DIR, with
+# engines of its own build ($GPU_RUN_DIR/engines/*-code_COMMIT: an engine directory names its
+# settings, which another commit may not know) and its outputs in $OUT/code_COMMIT.
+if [ -n "${CODE_AT:-}" ]; then
+  [ -z "$own_work" ] || die "CODE_AT needs GPU_RUN_DIR (its tree and engines outlive one call)"
+  tarball=$ROOT/.whl/code_$CODE_AT.tar.gz
+  [ -f "$tarball" ] || die "CODE_AT=$CODE_AT: no $tarball (make it here with: bash scripts/code_at.sh $CODE_AT)"
+  tree=$work/code_$CODE_AT
+  if [ ! -f "$tree/.unpacked" ]; then
+    rm -rf "$tree" && mkdir -p "$tree" && tar xzf "$tarball" -C "$tree" || die "cannot unpack $tarball"
+    ln -s "$ROOT/.whl" "$tree/.whl"
+    touch "$tree/.unpacked"
+  fi
+  say "running the code of $CODE_AT ($tree)"
+  exec env -u CODE_AT OUT="$out/code_$CODE_AT" ENGINE="$work/engines/llama-3.1-8b-code_$CODE_AT" \
+    MOE_ENGINE="$work/engines/qwen3-30b-a3b-code_$CODE_AT" bash "$tree/scripts/gpu_run.sh" "$cmd" "$@"
+fi
+
 ENGINE=${ENGINE:-$work/engines/llama-3.1-8b}
 MOE_ENGINE=${MOE_ENGINE:-$work/engines/qwen3-30b-a3b}
 mps_started=
