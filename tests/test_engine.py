@@ -211,6 +211,28 @@ def test_banned_tokens_are_masked_per_row_in_one_batch():
     assert tokens.tolist() == [7, 4, 2, 7, 2, 0]
 
 
+def test_a_greedy_batch_picks_in_bfloat16_what_float32_picks():
+    """Greedy rows without log-probabilities take the argmax of the logits as they are: bfloat16
+    widens to float32 exactly, so ties and bans come out as in float32."""
+    from bullet_trt.engine.sampling import SamplingBatch, sample
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(8, 300, generator=g) * 4).to(torch.bfloat16)
+    logits[2, 10] = logits[2, 20] = logits[2].max() + 1  # a tie: the first index wins in both
+    banned = [[], [int(logits[1].float().argmax())], [10], [], [7, 8], [], [], [int(logits[7].float().argmax())]]
+    params = [SamplingParams(temperature=0.0)] * 8
+
+    def picks(values, scratch=None):
+        batch = SamplingBatch.build(params, [0] * 8, banned, "cpu")
+        tokens, logprobs = sample(values, batch, scratch)
+        assert logprobs is None
+        return tokens.tolist()
+
+    scratch = torch.full((8, 300), float("nan"))
+    assert picks(logits.clone(), scratch) == picks(logits.float())
+    assert torch.isnan(scratch).all()  # no float32 copy was made
+    assert picks(logits.clone())[2] == 20  # its tie's first index banned, the second wins
+
+
 def test_sampling_in_a_scratch_buffer_picks_what_a_fresh_copy_does():
     """A GPU session samples its bf16 logits in one float32 buffer made at start
     (`float32_scratch`); tokens and log-probabilities are those of a fresh float32 copy, for

@@ -106,13 +106,22 @@ class SamplingBatch:
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, scratch: torch.Tensor | None = None,
            ops=reference) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Picks one token per row of logits (B, V), in float32.
+    """Picks one token per row of logits (B, V): in float32 where a draw or log-probabilities
+    need it, else by the argmax of the logits as they are.
 
     Returns (token ids int64 (B,), log-probabilities of those tokens under the model's
     unmodified distribution, or None when no row asked for them). `scratch`, a float32
     (rows, V) buffer, takes the float32 copy when it has the rows (`float32_scratch`). `ops`:
     the kernels the draw runs with (the model's: Triton's on a GPU, the torch reference else).
+    Banned tokens are masked in `logits` itself when every row is greedy and none wants
+    log-probabilities (and in float32 logits always): callers hand over logits they are done with.
     """
+    if batch.all_greedy and not batch.want_logprobs:
+        # bfloat16 widens to float32 exactly, so the argmax is the same without the float32
+        # copy: at 1024 rows of a 128k vocabulary that copy moved ~0.75 GB a decode step
+        if any(batch.banned):
+            _ban(logits, batch.banned)
+        return logits.argmax(dim=-1), None
     if scratch is not None and logits.dtype != torch.float32 and logits.shape[0] <= scratch.shape[0]:
         logits = scratch[:logits.shape[0]].copy_(logits)
     else:

@@ -23,7 +23,8 @@ def test_reports_a_new_allocator_segment():
 
 def test_graphed_decode_steps_of_a_growing_batch_reserve_nothing_new(checkpoint, tmp_path):
     """A loaded server's decode batch grows a row or a few at a time. Replayed from CUDA graphs
-    and sampled in the session's float32 buffer, its steps leave the allocator's reserve as it
+    and sampled without a float32 copy of their own (greedy rows take the argmax of the graphs'
+    logits; others the session's float32 buffer), its steps leave the allocator's reserve as it
     was: before, each step's float32 copy of the logits (B x 128256 x 4 bytes) took a new
     segment whenever the batch grew, and an H200's decode worker grew from 5.8 to 17 GiB in a
     run (docs/benchmarks.md, seventh round of 2026-11-26)."""
