@@ -5,7 +5,8 @@ workload), decode-profile (where a decode step's time goes), overlap (how disjoi
 decode were, from an iteration log), tp (the all-reduce and the decode step over N GPUs),
 mixed-step (chunked mode's mixed step, eager against piecewise CUDA graphs), steady (whether
 serving runs kept up with their arrivals, window by window), misses (a run's SLO misses by
-cause and output length)."""
+cause and output length), gaps (how long the GPU waited for the host between decode steps, from
+iteration logs)."""
 from __future__ import annotations
 
 import importlib
@@ -22,6 +23,7 @@ KINDS = {
     "mixed-step": "bullet_trt.tools.bench.mixed_step",
     "steady": "bullet_trt.tools.bench.steady_state",
     "misses": "bullet_trt.tools.bench.misses",
+    "gaps": "bullet_trt.tools.bench.decode_gaps",
 }
 
 

@@ -1,0 +1,47 @@
+"""bullet-trt bench gaps (tools/bench/decode_gaps.py): decode steps' GPU windows and the gaps
+between them, per band of batch sizes, from iteration logs in the server's format."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from bullet_trt.tools.bench.decode_gaps import decode_gaps, main
+
+
+def step(phase: str, batch: int, start_ms: float, end_ms: float) -> dict:
+    base = 1_795_695_136_000_000_000  # the GPU timer's epoch is far from zero
+    return {"t": start_ms / 1e3, "phase": phase, "batch": batch, "tokens": batch, "sms": 132, "prefill_sms": 0,
+            "decode_sms": 132, "predicted_ms": 1.0, "measured_ms": end_ms - start_ms,
+            "gpu_start_ns": base + int(start_ms * 1e6), "gpu_end_ns": base + int(end_ms * 1e6)}
+
+
+def test_gaps_are_measured_to_the_next_decode_step_whatever_runs_between():
+    records = [step("decode", 300, 0, 30), step("prefill", 8, 5, 60), step("decode", 310, 32, 62),
+               step("fused", 320, 65, 95), step("decode", 20, 100, 108), step("decode", 400, 110, 140)]
+    rows = {r["batch"]: r for r in decode_gaps(records)}
+    assert set(rows) == {"1-63", "256-511"}
+    big = rows["256-511"]
+    assert big["steps"] == 4 and big["window_p50_ms"] == pytest.approx(30)
+    # gaps after the 300-, 310- and 320-row steps (2, 3, 5 ms); the last step has none
+    assert big["gap_p50_ms"] == pytest.approx(3) and big["gap_p90_ms"] == pytest.approx(5)
+    assert big["gap_share"] == pytest.approx(10 / (90 + 10))
+    small = rows["1-63"]
+    assert small["steps"] == 1 and small["gap_p50_ms"] == pytest.approx(2)
+
+
+def test_the_command_reads_compressed_logs_and_refuses_a_log_without_gpu_stamps(tmp_path, capsys):
+    log = tmp_path / "iterations.jsonl.gz"
+    with gzip.open(log, "wt") as f:
+        for r in (step("decode", 600, 0, 35), step("decode", 600, 36.5, 71.5), step("decode", 600, 73, 108)):
+            f.write(json.dumps(r) + "\n")
+    assert main([str(log), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)[str(log)]
+    assert row["batch"] == "512+" and row["gap_p50_ms"] == pytest.approx(1.5)
+    assert main([str(log)]) == 0
+    assert "512+" in capsys.readouterr().out
+    host_only = tmp_path / "host.jsonl"
+    host_only.write_text(json.dumps({k: v for k, v in step("decode", 5, 0, 1).items() if not k.startswith("gpu")}) + "\n")
+    assert main([str(host_only)]) == 2
+    assert "no GPU clock stamps" in capsys.readouterr().err
