@@ -21,6 +21,8 @@ def test_gaps_are_measured_to_the_next_decode_step_whatever_runs_between():
     records = [step("decode", 300, 0, 30), step("prefill", 8, 5, 60), step("decode", 310, 32, 62),
                step("fused", 320, 65, 95), step("decode", 20, 100, 108), step("decode", 400, 110, 140)]
     rows = {r["batch"]: r for r in decode_gaps(records)}
+    for host, gpu in zip(decode_gaps(records, "host"), decode_gaps(records), strict=True):  # same windows here
+        assert host.pop("batch") == gpu.pop("batch") and host == pytest.approx(gpu)
     assert set(rows) == {"1-63", "256-511"}
     big = rows["256-511"]
     assert big["steps"] == 4 and big["window_p50_ms"] == pytest.approx(30)
@@ -31,17 +33,22 @@ def test_gaps_are_measured_to_the_next_decode_step_whatever_runs_between():
     assert small["steps"] == 1 and small["gap_p50_ms"] == pytest.approx(2)
 
 
-def test_the_command_reads_compressed_logs_and_refuses_a_log_without_gpu_stamps(tmp_path, capsys):
+def test_the_command_reads_compressed_logs_and_a_log_without_gpu_stamps_on_the_hosts_clock(tmp_path, capsys):
     log = tmp_path / "iterations.jsonl.gz"
     with gzip.open(log, "wt") as f:
         for r in (step("decode", 600, 0, 35), step("decode", 600, 36.5, 71.5), step("decode", 600, 73, 108)):
             f.write(json.dumps(r) + "\n")
     assert main([str(log), "--json"]) == 0
-    (row,) = json.loads(capsys.readouterr().out)[str(log)]
-    assert row["batch"] == "512+" and row["gap_p50_ms"] == pytest.approx(1.5)
+    read = json.loads(capsys.readouterr().out)[str(log)]
+    (row,) = read["bands"]
+    assert read["clock"] == "gpu" and row["batch"] == "512+" and row["gap_p50_ms"] == pytest.approx(1.5)
     assert main([str(log)]) == 0
     assert "512+" in capsys.readouterr().out
     host_only = tmp_path / "host.jsonl"
-    host_only.write_text(json.dumps({k: v for k, v in step("decode", 5, 0, 1).items() if not k.startswith("gpu")}) + "\n")
-    assert main([str(host_only)]) == 2
-    assert "no GPU clock stamps" in capsys.readouterr().err
+    host_only.write_text("".join(json.dumps({k: v for k, v in step("decode", 5, a, b).items() if not k.startswith("gpu")})
+                                 + "\n" for a, b in ((0, 1), (4, 5))))
+    assert main([str(host_only), "--json"]) == 0
+    read = json.loads(capsys.readouterr().out)[str(host_only)]
+    assert read["clock"] == "host" and read["bands"][0]["gap_p50_ms"] == pytest.approx(3)
+    assert main([str(host_only)]) == 0
+    assert "(host clock)" in capsys.readouterr().out

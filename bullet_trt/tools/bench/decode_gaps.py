@@ -1,5 +1,5 @@
 """How long the GPU waited for the host between decode steps, read from iteration logs
-(serve.iteration_log with the GPU clock's stamps):
+(serve.iteration_log):
 
     bullet-trt bench gaps iterations.jsonl [more logs...] [--json]
 
@@ -13,6 +13,9 @@ Per band of batch sizes, and per log, so that two codes run on one host (scripts
 compare side by side: the median and 90th percentile of both, and the gaps' share of the
 decode worker's time. (An H100 at 42 req/s, TPOT <= 40 ms: 1.68 ms p50 between steps of
 256-511 rows whose windows ran 30.4 ms, 5.6% of the time; 2026-11-26, seventh round's log.)
+A log without the GPU's stamps (CPU, or one written before them) is read on the host's clock
+instead, each step's window [t, t + measured_ms], which also counts the launch and the wait
+for the step's end; the report names the clock.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import json
 import statistics
 import sys
 
-from bullet_trt.tools.bench.iteration_records import has_gpu_stamps, load
+from bullet_trt.tools.bench.iteration_records import has_gpu_stamps, load, step_windows
 
 BANDS = ((1, 63), (64, 255), (256, 511), (512, 1 << 30))
 
@@ -31,20 +34,22 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def decode_gaps(records: list[dict]) -> list[dict]:
+def decode_gaps(records: list[dict], clock: str = "gpu") -> list[dict]:
     """One row per band of batch sizes that has steps: steps, window and gap p50 / p90 (ms),
-    and the gaps' share of windows plus gaps. A step's gap is the time to the next decode
-    step's start; the last step has none."""
-    steps = sorted((r for r in records if r["phase"] in ("decode", "fused")), key=lambda r: r["gpu_start_ns"])
+    and the gaps' share of windows plus gaps, on `clock` ("gpu" or "host", as
+    iteration_records.step_windows). A step's gap is the time to the next decode step's start;
+    the last step has none."""
+    timed = [(r, w) for r, w in zip(records, step_windows(records, clock)) if r["phase"] in ("decode", "fused")]
+    timed.sort(key=lambda rw: rw[1][0])
     rows = []
     for low, high in BANDS:
         windows, gaps = [], []
-        for step, after in zip(steps, steps[1:] + [None]):
+        for (step, (start, end)), after in zip(timed, timed[1:] + [None]):
             if not low <= step["batch"] <= high:
                 continue
-            windows.append((step["gpu_end_ns"] - step["gpu_start_ns"]) / 1e6)
+            windows.append((end - start) * 1e3)
             if after is not None:
-                gaps.append((after["gpu_start_ns"] - step["gpu_end_ns"]) / 1e6)
+                gaps.append((after[1][0] - end) * 1e3)
         if not windows:
             continue
         row = {"batch": f"{low}-{high}" if high < 1 << 30 else f"{low}+", "steps": len(windows),
@@ -65,26 +70,23 @@ def _line(name: str, row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bullet-trt bench gaps", description=__doc__.split("\n\n")[0])
-    ap.add_argument("logs", nargs="+", help="iteration logs (.jsonl, .jsonl.gz or .jsonl.xz) written with GPU stamps")
+    ap.add_argument("logs", nargs="+", help="iteration logs (.jsonl, .jsonl.gz or .jsonl.xz)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = ap.parse_args(argv)
     report = {}
     for path in args.logs:
         records = load(path)
-        if not has_gpu_stamps(records):
-            print(f"bullet-trt bench gaps: {path} has no GPU clock stamps (a GPU run's log, written with "
-                  f"serve.iteration_log, has them)", file=sys.stderr)
-            return 2
-        report[path] = decode_gaps(records)
+        clock = "gpu" if has_gpu_stamps(records) else "host"
+        report[path] = {"clock": clock, "bands": decode_gaps(records, clock)}
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
     print(f"{'log':<40} {'batch':>9} {'steps':>6} {'win p50':>8} {'win p90':>8} {'gap p50':>8} {'gap p90':>8} "
           f"{'gap share':>9}   (ms)")
-    for path, rows in report.items():
+    for path, read in report.items():
         name = path if len(path) <= 40 else "..." + path[-37:]
-        for row in rows:
-            print(_line(name, row))
+        for row in read["bands"]:
+            print(_line(name, row) + ("" if read["clock"] == "gpu" else "   (host clock)"))
     return 0
 
 
