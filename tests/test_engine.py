@@ -207,8 +207,11 @@ def test_banned_tokens_are_masked_per_row_in_one_batch():
     params = [SamplingParams(temperature=0.0)] * 6
     # rows sharing a list of banned ids are masked together, in any order of the ids
     batch = SamplingBatch.build(params, [0] * 6, [[4], [], [4, 7], [4], [7, 4], [4, 7, 2]], "cpu")
-    tokens, _ = sample(logits, batch)
+    tokens, _ = sample(logits.clone(), batch)  # float32 logits are masked in place
     assert tokens.tolist() == [7, 4, 2, 7, 2, 0]
+    # every row banning the same ids (a fixed-length benchmark's end tokens): one mask for all
+    batch = SamplingBatch.build(params, [0] * 6, [[4, 7]] * 6, "cpu")
+    assert sample(logits.clone(), batch)[0].tolist() == [2] * 6
 
 
 def test_a_greedy_batch_picks_in_bfloat16_what_float32_picks():

@@ -4,8 +4,9 @@ lengths and block tables for a batch padded to its graph's bucket.
 The decode step waits for this on the host before its graph replays, so its cost is the
 GPU's idle time (an H100's decode steps of 400+ rows ran ~35 ms, with the GPU idle ~1.8 ms
 between them besides: 2026-11-26, seventh round's iteration log). Written row by row, a
-1024-row batch of 5-40-block tables, one row leaving and one joining a step, took 1.8-2.8 ms of
-a two-core development host's time a step; staged as here, 0.6 ms. Most of it was copying
+1024-row batch of 5-40-block tables, one row leaving and one joining a step, took 2.0-2.6 ms of
+a two-core development host's time a step; staged as here, 0.65-0.80 ms (`bullet-trt bench
+host-step`, which times both). Most of it was copying
 block tables that had not changed: a row's table grows by one block every `block_size`
 tokens. A table seen in the last step (the same list object, which the staging holds on to,
 so that its identity cannot pass to another list) keeps its row: moved with the others in

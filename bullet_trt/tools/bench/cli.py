@@ -6,7 +6,8 @@ decode were, from an iteration log), tp (the all-reduce and the decode step over
 mixed-step (chunked mode's mixed step, eager against piecewise CUDA graphs), steady (whether
 serving runs kept up with their arrivals, window by window), misses (a run's SLO misses by
 cause and output length), gaps (how long the GPU waited for the host between decode steps, from
-iteration logs)."""
+iteration logs), host-step (the host's share of a graphed decode step against the code before,
+on this CPU)."""
 from __future__ import annotations
 
 import importlib
@@ -24,6 +25,7 @@ KINDS = {
     "steady": "bullet_trt.tools.bench.steady_state",
     "misses": "bullet_trt.tools.bench.misses",
     "gaps": "bullet_trt.tools.bench.decode_gaps",
+    "host-step": "bullet_trt.tools.bench.host_step",
 }
 
 
