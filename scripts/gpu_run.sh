@@ -76,8 +76,8 @@ else
 fi
 
 # -- another commit's code --------------------------------------------------------------------
-# Hosts of one GPU kind differ (2026-11-26, eighth round: the same code attained 50% on one
-# host and 82% on another), so a change is measured against the code before it on one machine.
+# Hosts of one GPU kind differ (2026-11-26, eighth round: the same code attained 50.0% on one
+# host and 82.4% on another), so a change is measured against the code before it on one machine.
 # CODE_AT=COMMIT runs the whole sub-command with that commit's tree instead of this one: its
 # .whl/code_COMMIT.tar.gz (made by scripts/code_at.sh) unpacked once into $GPU_RUN_DIR, with
 # engines of its own build ($GPU_RUN_DIR/engines/*-code_COMMIT: an engine directory names its
