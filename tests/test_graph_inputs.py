@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bullet_trt.engine.graph_inputs import DecodeInputStaging
+from bullet_trt.tools.bench.host_step import stage_from_scratch
 
 BLOCK = 4
 MAX_BLOCKS = 8
@@ -25,15 +26,7 @@ def from_scratch(token_ids, positions, tables, padded):
     """The inputs written row by row, as a step wrote them before the staging kept its rows."""
     i64 = np.zeros((3, ROWS), dtype=np.int64)
     i32 = np.zeros(ROWS + ROWS * MAX_BLOCKS, dtype=np.int32)
-    batch = len(token_ids)
-    i64[0, :batch], i64[1, :batch] = token_ids, positions
-    i64[2, :batch] = [t[p // BLOCK] * BLOCK + p % BLOCK for t, p in zip(tables, positions)]
-    i64[2, batch:padded] = -1
-    i32[:batch] = np.asarray(positions) + 1
-    i32[batch:padded] = 1
-    rows = i32[ROWS:].reshape(ROWS, MAX_BLOCKS)
-    for row, t in zip(rows, tables):
-        row[:len(t)] = t
+    stage_from_scratch(i64, i32, BLOCK, token_ids, positions, tables, padded)
     return i64, i32
 
 

@@ -21,7 +21,7 @@ def test_the_row_by_row_baseline_stages_what_the_staging_stages():
     for _ in range(40):
         token_ids, positions, tables = batch.step()
         staging.fill(token_ids, positions, tables, rows)
-        stage_from_scratch(b64, b32, token_ids, positions, tables)
+        stage_from_scratch(b64, b32, BLOCK, token_ids, positions, tables)
         assert (i64 == b64).all() and (i32[:rows] == b32[:rows]).all()
         mine, theirs = i32[rows:].reshape(rows, MAX_BLOCKS), b32[rows:].reshape(rows, MAX_BLOCKS)
         for row, table in enumerate(tables):

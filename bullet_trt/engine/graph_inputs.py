@@ -53,12 +53,13 @@ class DecodeInputStaging:
             self._dirty[stale] = False
         at = pos[:batch]
         bs = self.block_size
-        short = np.flatnonzero(at // bs >= lengths)
+        block_of = at // bs
+        short = np.flatnonzero(block_of >= lengths)
         if len(short):  # else its slot would come from another table's stale row
             row = int(short[0])
             raise ValueError(f"decode row {row} at position {int(at[row])} has {int(lengths[row])} KV blocks "
                              f"of {bs} tokens: its table does not reach its position")
-        slots[:batch] = self.tables[self._rows[:batch], at // bs].astype(np.int64) * bs + at % bs
+        slots[:batch] = self.tables[self._rows[:batch], block_of].astype(np.int64) * bs + at % bs
         slots[batch:padded] = -1
         self.seq_lens[:batch] = at + 1
         self.seq_lens[batch:padded] = 1

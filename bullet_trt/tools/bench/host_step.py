@@ -33,17 +33,26 @@ MAX_BLOCKS = 256  # max_model_len 4096
 END_IDS = [128001, 128008, 128009]  # Llama 3's end tokens
 
 
-def stage_from_scratch(i64: np.ndarray, i32: np.ndarray, token_ids, positions, tables) -> None:
-    """The decode graphs' staging before graph_inputs.py: every row written each step."""
+def stage_from_scratch(i64: np.ndarray, i32: np.ndarray, block_size: int, token_ids, positions, tables,
+                       padded: int | None = None) -> None:
+    """The decode graphs' staging before graph_inputs.py: every row written each step, the batch
+    padded to `padded` rows (default: none) that read block 0 and write no KV. The reference
+    the staging is tested against, too (tests/test_graph_inputs.py)."""
     rows = i64.shape[1]
     batch = len(token_ids)
+    padded = batch if padded is None else padded
+    i64[:2, batch:padded] = 0
+    i64[2, batch:padded] = -1
     i64[0, :batch] = token_ids
     i64[1, :batch] = positions
-    i64[2, :batch] = [t[p // BLOCK] * BLOCK + p % BLOCK for t, p in zip(tables, positions)]
+    i64[2, :batch] = [t[p // block_size] * block_size + p % block_size for t, p in zip(tables, positions)]
     i32[:batch] = positions
     i32[:batch] += 1
-    for row, t in zip(i32[rows:].reshape(rows, MAX_BLOCKS), tables):
+    i32[batch:padded] = 1
+    table_rows = i32[rows:].reshape(rows, -1)
+    for row, t in zip(table_rows, tables):
         row[:len(t)] = t
+    table_rows[batch:padded] = 0
 
 
 def ban_by_pairs(logits: torch.Tensor, banned: list[list[int]]) -> None:
@@ -98,7 +107,7 @@ def run(rows: int, steps: int, seed: int = 0) -> dict:
     for _ in range(steps):
         args = batch.step()
         times["staging"].append(_timed(lambda: staging.fill(*args, rows)))
-        times["staging_before"].append(_timed(lambda: stage_from_scratch(scratch64, scratch32, *args)))
+        times["staging_before"].append(_timed(lambda: stage_from_scratch(scratch64, scratch32, BLOCK, *args)))
         times["ban"].append(_timed(lambda: _ban(logits, small)))
         times["ban_before"].append(_timed(lambda: ban_by_pairs(logits, small)))
     ms = {name: statistics.median(values) for name, values in times.items()}
