@@ -698,6 +698,18 @@ def test_a_rate_is_decided_once_its_mean_attainment_cannot_reach_the_target():
     assert rate_failed([1.0, 1.0, 0.6], 0, 0.9) and not rate_failed([1.0, 1.0, 0.7], 0, 0.9)
 
 
+def test_a_run_whose_last_third_fell_behind_decides_its_rate():
+    """The H200's 50 req/s at TPOT <= 50 ms (2026-11-26): 72.0% over the run, 15.1% over its
+    last third. Two perfect seeds would lift the run's mean to 90.7%, not its last thirds'
+    (71.7%), and a sustained rate needs both: the seeds still queued elsewhere can go."""
+    from bullet_trt.tools.bench.decided import protocol_failed, rate_failed
+    assert not rate_failed([0.72], 2, 0.9)
+    assert protocol_failed([0.72], [0.151], 2, 0.9)
+    assert not protocol_failed([0.72], [0.71], 2, 0.9)  # (0.71 + 2) / 3 = 0.903: still open
+    assert not protocol_failed([0.95], [], 2, 0.9)  # no last third scored: the run's mean alone
+    assert protocol_failed([0.5], [], 1, 0.9)
+
+
 def test_seeds_measured_elsewhere_count_as_runs_to_come():
     """One seed per GPU: a sweep of seeds 100-101 whose seed 102 runs on another GPU decides
     over three runs. Told only of its own two, a second run after 87.5% would stop at its

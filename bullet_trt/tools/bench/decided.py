@@ -9,7 +9,9 @@ come (each at most 1), the rate's mean is at most (sum(finished) + 1 - m/N + lef
 Once that is below the target the rate has failed: the run stops, and the sweep skips the
 rate's remaining repeats and every higher rate (a sustained rate needs every lower rate to
 meet the target, bullet_trt/tools/bench/capacity.py). TPOT misses are known only when a
-request ends and are not counted, so a run is never stopped before its rate has failed.
+request ends and are not counted, so a run is never stopped before its rate has failed. A
+finished run's last third of arrivals counts too (`protocol_failed`): a rate is sustained only
+when the mean over the runs' last thirds reaches the target as well.
 
 A protocol's seeds may run in separate sweeps, one per GPU at the same time (`--decide-over`):
 each sweep then counts the seeds measured elsewhere as runs still to come that meet the SLO
@@ -50,6 +52,15 @@ def rate_failed(finished: list[float], left: int, target: float) -> bool:
     """True when the repeats measured so far keep the rate's mean below the target even if
     every repeat left meets the SLO for all its requests."""
     return (sum(finished) + left) / (len(finished) + left) < target - _SLACK
+
+
+def protocol_failed(finished: list[float], tails: list[float], left: int, target: float) -> bool:
+    """True when the rate can no longer be sustained (bullet_trt/tools/bench/capacity.py):
+    either its mean attainment or the mean over its runs' last thirds of arrivals stays below
+    the target even if every repeat left scores 100% on both. A run that ends with its queue
+    grown (say 72% over the run, 15% over its last third) decides the rate by its last third,
+    which the whole-run mean alone would leave open to two perfect seeds."""
+    return rate_failed(finished, left, target) or (bool(tails) and rate_failed(tails, left, target))
 
 
 def runs_to_come(keys: list, n: int, elsewhere: int) -> int:

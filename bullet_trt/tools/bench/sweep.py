@@ -8,7 +8,7 @@ from pathlib import Path
 from bullet_trt.spatial.gpu_monitor import TelemetrySampler
 from bullet_trt.tools.bench import datasets as ds
 from bullet_trt.tools.bench.capacity import DEFAULT_TARGET
-from bullet_trt.tools.bench.decided import DECIDED_ELSEWHERE, misses_that_decide, rate_failed, runs_to_come
+from bullet_trt.tools.bench.decided import DECIDED_ELSEWHERE, misses_that_decide, protocol_failed, runs_to_come
 from bullet_trt.tools.bench.host import host_fields
 from bullet_trt.tools.bench.loadgen import LoadGenerator, LoadGenOptions
 from bullet_trt.tools.bench.progress import ProgressPrinter
@@ -16,6 +16,7 @@ from bullet_trt.tools.bench.report import format_row, rebuild_report
 from bullet_trt.tools.bench.run_budget import BudgetSpent, RunBudget
 from bullet_trt.tools.bench.results import dataset_name, write_result
 from bullet_trt.tools.bench.scoring import slos_ms
+from bullet_trt.tools.bench.steady_state import steady_state
 from bullet_trt.tools.bench.telemetry import telemetry_device, telemetry_fields
 from bullet_trt.tools.bench.warmup import warm_up, warmup_requests
 
@@ -54,6 +55,7 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
     decide = getattr(args, "stop_when_decided", False)
     budget = RunBudget(getattr(args, "time_budget_s", 0.0), getattr(args, "started_at", None))
     attained: dict[tuple, list[float]] = {}  # (dataset, rate) -> attainment of each run so far
+    tails: dict[tuple, list[float]] = {}  # (dataset, rate) -> the same over each run's last third
     failed_rates: dict[object, float] = {}  # dataset -> the lowest rate decided to fail
     keys = [(w.dataset, w.rate) for w in workloads]
     repeats = getattr(args, "repeats", 1)
@@ -102,7 +104,10 @@ def run_sweep(url: str, label: str, workloads: list[ds.Workload], args, out_dir:
         budget.ran(doc)
         docs.append(doc)
         finished.append(doc["summary"]["slo_attainment"])
-        if decide and rate_failed(finished, left, DEFAULT_TARGET):
+        tail = steady_state(doc, ttft_slo / 1e3, tpot_slo / 1e3)
+        if tail is not None:
+            tails.setdefault(key, []).append(tail.tail_attainment)
+        if decide and protocol_failed(finished, tails.get(key, []), left, DEFAULT_TARGET):
             failed_rates[w.dataset] = min(w.rate, failed_rates.get(w.dataset, w.rate))
             if elsewhere:
                 print(f"{label} {dataset_name(w.dataset)} {w.rate:g} req/s misses the target: "
