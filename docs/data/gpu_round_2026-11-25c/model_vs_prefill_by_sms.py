@@ -8,13 +8,15 @@ import json
 import statistics
 from pathlib import Path
 
+import yaml
+
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.presets import PRESETS
 from bullet_trt.spatial.perf_model import ModelCost, PerfModel, PrefillShape
 
 here = Path(__file__).parent
 cost = ModelCost.from_arch(ModelArch.from_hf_dict(PRESETS["llama-3.1-8b"], source="llama-3.1-8b"), 2)
-model = PerfModel.load(here.parent / "perf_model_h100_llama-3.1-8b.yaml", cost)
+model = PerfModel.from_saved(yaml.safe_load((here.parent / "perf_model_h100_llama-3.1-8b.yaml").read_text()), cost)
 rows = json.loads((here / "h100" / "prefill_by_sms.json").read_text())["rows"]
 errors: dict[int, list[float]] = {}
 print("tokens  SMs  measured ms  predicted ms  error")
