@@ -25,10 +25,12 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 
 def _quantile(values: deque[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    # the smallest observed value at or above the quantile: a pressure the window has seen
+    return float(np.quantile(np.fromiter(values, dtype=float), q, method="higher"))
 
 
 class TpotPlanTuner:

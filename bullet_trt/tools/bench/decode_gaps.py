@@ -21,17 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 from bullet_trt.tools.bench.iteration_records import has_gpu_stamps, load, step_windows
+from bullet_trt.tools.bench.metrics import percentiles
 
 BANDS = ((1, 63), (64, 255), (256, 511), (512, 1 << 30))
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def decode_gaps(records: list[dict], clock: str = "gpu") -> list[dict]:
@@ -52,10 +47,12 @@ def decode_gaps(records: list[dict], clock: str = "gpu") -> list[dict]:
                 gaps.append((after[1][0] - end) * 1e3)
         if not windows:
             continue
+        window = percentiles(windows, (50, 90))
         row = {"batch": f"{low}-{high}" if high < 1 << 30 else f"{low}+", "steps": len(windows),
-               "window_p50_ms": statistics.median(windows), "window_p90_ms": _quantile(windows, 0.9)}
+               "window_p50_ms": window["p50"], "window_p90_ms": window["p90"]}
         if gaps:
-            row |= {"gap_p50_ms": statistics.median(gaps), "gap_p90_ms": _quantile(gaps, 0.9),
+            gap = percentiles(gaps, (50, 90))
+            row |= {"gap_p50_ms": gap["p50"], "gap_p90_ms": gap["p90"],
                     "gap_share": sum(gaps) / (sum(windows[:len(gaps)]) + sum(gaps))}
         rows.append(row)
     return rows
