@@ -47,6 +47,31 @@ def test_close_delivers_what_was_queued_and_a_failing_item_stops_nothing():
     assert sorted(seen) == ["a", "b", "c", "d"]
 
 
+def test_wait_idle_returns_once_every_item_put_has_left():
+    """What the model's self-unload waits for after its engine died: the error finals of the
+    requests it had in flight written to their streams (docs/serving.md, Health)."""
+    release = threading.Event()
+    seen = []
+
+    def deliver(item):
+        if item == "slow":
+            release.wait(10)
+        if item == "bad":
+            raise RuntimeError("client went away")
+        seen.append(item)
+
+    delivery = Delivery(2, deliver)
+    assert delivery.wait_idle(0.0)  # nothing put yet
+    for shard, item in enumerate(["slow", "a", "bad", "b"]):
+        delivery.put(shard, item)
+    wait_for(lambda: "b" in seen, what="shard 1's items", timeout=10)
+    assert not delivery.wait_idle(0.05)  # shard 0 still holds "slow", and "bad" behind it
+    release.set()
+    assert delivery.wait_idle(10)
+    assert sorted(seen) == ["a", "b", "slow"]  # the failing item counts as gone too
+    delivery.close()
+
+
 def test_no_response_thread_is_refused_by_name():
     with pytest.raises(ValueError, match="response_threads must be at least 1, got 0"):
         Delivery(0, print)

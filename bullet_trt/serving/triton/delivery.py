@@ -27,6 +27,8 @@ class Delivery:
         if threads < 1:
             raise ValueError(f"response_threads must be at least 1, got {threads}")
         self._deliver = deliver
+        self._unsent = 0  # items put and not yet delivered (or failed)
+        self._idle = threading.Condition()
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(threads)]
         self._threads = [threading.Thread(target=self._run, args=(q,), name=f"{name}-{i}", daemon=True)
                          for i, q in enumerate(self._queues)]
@@ -34,7 +36,14 @@ class Delivery:
             t.start()
 
     def put(self, shard: int, item) -> None:
+        with self._idle:
+            self._unsent += 1
         self._queues[shard % len(self._queues)].put(item)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Waits until every item put so far has been delivered; False if `timeout` ran out."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._unsent == 0, timeout)
 
     def _run(self, q: queue.SimpleQueue) -> None:
         while True:
@@ -45,6 +54,11 @@ class Delivery:
                 self._deliver(item)
             except Exception:  # one request's failure must not stop the others' responses
                 log.exception("bullet: delivering a response failed")
+            finally:
+                with self._idle:
+                    self._unsent -= 1
+                    if self._unsent == 0:
+                        self._idle.notify_all()
 
     def close(self, timeout: float = 5.0) -> None:
         """Delivers what is queued, then stops the threads (waiting at most `timeout`)."""

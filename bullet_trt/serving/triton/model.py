@@ -473,7 +473,20 @@ class TritonPythonModel:
         if self.unload_on_failure and reason != SHUTTING_DOWN:
             threading.Thread(target=self._unload_self, name="bullet-unload", daemon=True).start()
 
-    def _unload_self(self) -> None:
+    def _unload_self(self, settle_s: float = 5.0, grace_s: float = 1.0) -> None:
+        # tritonserver 2.51 aborts (its gRPC frontend's proto_buffer_writer.h:65 assertion) when
+        # a model unloads while the error finals of the requests it had in flight are still
+        # being written to their streams. A send returns before the frontend has written the
+        # response, so the unload waits for the finals to be handed over, then a grace period
+        # (docs/serving.md, Health: measured crash rates with and without it).
+        deadline = time.monotonic() + settle_s
+        while time.monotonic() < deadline:
+            with self._active_lock:
+                if not self._active:
+                    break
+            time.sleep(0.01)
+        self._delivery.wait_idle(max(0.0, deadline - time.monotonic()))
+        time.sleep(grace_s)
         try:
             self.pb.unload_model(self.model_name)
             log.error("bullet: unloaded model %s after the engine failure", self.model_name)
