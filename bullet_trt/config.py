@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 ENGINE_FILE = "engine.yaml"
+# The fewest SMs a phase may run on beside the other (ServeConfig.min_phase_sms says why).
+SMALLEST_PHASE_SMS = 16
 
 
 class ConfigError(ValueError):
@@ -70,11 +72,12 @@ class ServeConfig:
     libsmctrl_path: str = ""  # the user's libsmctrl.so (never shipped with the project)
     static_prefill_sms: int = 0
     # Neither phase gets fewer SMs than this while both run: cuBLAS matrix-vector products
-    # failed on 12- and 4-SM partitions and ran on 16 (docs/gpu-evidence.md). 16 rather than
+    # failed on 12- and 4-SM partitions of an H200 and on 8-SM ones of an H100, and ran on 16
+    # (docs/gpu-evidence.md), so 16 is also the least it may be set to. 16 rather than
     # more because a handful of decoding sequences (long prompts, short outputs) then leave
     # prefill up to 112 of 132 SMs, which raised the rate bullet sustains there from 11 to 14
     # req/s (docs/benchmarks.md).
-    min_phase_sms: int = 16
+    min_phase_sms: int = SMALLEST_PHASE_SMS
     # bullet: whether waiting prompts may be prefilled inside decode's step instead of on a
     # partition beside it. auto: while decode's dense layers are bound by math (a large
     # decode batch), as many whole prompts as keep the step within the TPOT target and
@@ -231,8 +234,9 @@ class EngineConfig:
                               f"got {s.partitioner!r}")
         if s.fuse_prefill not in ("never", "auto", "always"):
             raise ConfigError(f"serve.fuse_prefill must be never, auto or always, got {s.fuse_prefill!r}")
-        if s.min_phase_sms < 0:
-            raise ConfigError(f"serve.min_phase_sms must be >= 0, got {s.min_phase_sms}")
+        if s.min_phase_sms < SMALLEST_PHASE_SMS:
+            raise ConfigError(f"serve.min_phase_sms must be >= {SMALLEST_PHASE_SMS} (cuBLAS's one-row products "
+                              f"fail on smaller partitions), got {s.min_phase_sms}")
         if not 0 <= s.prefill_hold_fraction < 1:
             raise ConfigError(f"serve.prefill_hold_fraction must be in [0, 1), got {s.prefill_hold_fraction}")
         if not 0 < s.ttft_plan_fraction <= 1:

@@ -122,6 +122,9 @@ def test_bad_split_configuration_is_a_startup_error(llama_engine):
         LLM(str(llama_engine), **{"serve.mode": "bullet", "serve.tpot_plan_fraction": 0})
     with pytest.raises(ConfigError, match="serve.fuse_prefill must be never, auto or always, got 'often'"):
         LLM(str(llama_engine), **{"serve.mode": "bullet", "serve.fuse_prefill": "often"})
+    # an 8-SM phase failed the decode worker's graph capture in cuBLAS on an H100: refused before any worker starts
+    with pytest.raises(ConfigError, match=r"serve.min_phase_sms must be >= 16 .*got 8"):
+        LLM(str(llama_engine), **{"serve.mode": "bullet", "serve.min_phase_sms": 8})
     with pytest.raises((ValueError, RuntimeError), match="serve.partitioner"):
         LLM(str(llama_engine), **{"serve.mode": "bullet", "serve.partitioner": "green"})
 
