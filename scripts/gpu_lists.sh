@@ -15,7 +15,10 @@
 # printed and kept in $OUT/queue.left, to start the next call's queue, with any job that left
 # runs unstarted (its time ran out first) after a comment that says so: rerun it whole, or
 # only the runs it did not start. A job whose run decides its rate for the protocol's other
-# seeds (bench serve --decide-over) drops those seeds' queued jobs (job_queue.sh drop). Each
+# seeds (bench serve --decide-over) drops those seeds' queued jobs (job_queue.sh drop). The
+# jobs run or dropped are listed in $GPU_RUN_DIR/jobs_done, and a later call on the same
+# machine skips them (job_queue.sh forget), so each call may start from the committed jobs
+# file: on a machine still held that is the queue the last call left. Each
 # command's output goes to $OUT/gpuN/pair.log too, and all of $OUT/gpuN into
 # $OUT/gpuN.tar.gz at the end.
 # The set-up they share is done once, first: the carried wheels' venv in $GPU_RUN_DIR (two
@@ -44,6 +47,9 @@ if [ "$1" = --queue ]; then
   workers=${3:-$gpus}
   queue=$OUT/queue
   grep -v '^[[:space:]]*#' "$jobs" >"$queue"  # the workers take from a copy: the repository's file stays whole
+  # jobs an earlier call on this machine ran or dropped are not run again (job_queue.sh forget)
+  done_jobs=$GPU_RUN_DIR/jobs_done
+  bash scripts/job_queue.sh forget "$queue" "$done_jobs" | sed 's/^/gpu_lists: run on this machine by an earlier call, skipped: /'
 else
   workers=$#
 fi
@@ -74,10 +80,13 @@ work() {  # work GPU [COMMAND]: the command, or the queue's jobs one after anoth
     # serve or run.sh): the job goes back, beside the ones left, for the next call
     if unstarted=$(grep -a -m1 'not started' "$OUT/job.out"); then
       bash scripts/job_queue.sh put "$queue.unstarted" "$job" "GPU $gpu left runs of this job unstarted: $unstarted"
+    else
+      bash scripts/job_queue.sh put "$done_jobs" "$job"
     fi
     # a seed that decided its rate for the whole protocol: the rate's other seeds would measure nothing
     if grep -a -q "decided whatever the protocol's other seeds attain" "$OUT/job.out"; then
-      bash scripts/job_queue.sh drop "$queue" "$job" | sed "s/^/== gpu_lists: GPU $gpu drops, its seed having decided the rate: /"
+      bash scripts/job_queue.sh drop "$queue" "$job" | tee -a "$done_jobs" |
+        sed "s/^/== gpu_lists: GPU $gpu drops, its seed having decided the rate: /"
     fi
   done
   rm -f "$OUT/job.out"

@@ -5,6 +5,7 @@
 #   bash scripts/job_queue.sh put QUEUE 'SECONDS COMMAND' [NOTE]
 #   bash scripts/job_queue.sh pick GPU_NAME JOBS...
 #   bash scripts/job_queue.sh drop QUEUE 'SECONDS COMMAND'
+#   bash scripts/job_queue.sh forget QUEUE DONE
 #
 # QUEUE holds one job a line, `SECONDS COMMAND`: the most seconds the job may take (its
 # servers' start, its runs and their drains), then a bash command line; blank lines and lines
@@ -23,7 +24,7 @@
 set -u -o pipefail
 usage() { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//;$d' >&2; exit 2; }
 case "${1:-}" in
-  take | drop) [ $# -eq 3 ] || usage ;;
+  take | drop | forget) [ $# -eq 3 ] || usage ;;
   put) [ $# -eq 3 ] || [ $# -eq 4 ] || usage ;;
   pick)
     [ $# -ge 3 ] || usage
@@ -55,6 +56,24 @@ if [ "$op" = drop ]; then
   keep=$(mktemp "$queue.XXXXXX")
   while IFS= read -r line || [ -n "$line" ]; do
     if [[ ! "$line" =~ ^[[:space:]]*(#|$) ]] && [[ "$line" == *SEED=* ]] && [ "$(key <<<"$line")" = "$want" ]; then
+      printf '%s\n' "$line"
+    else
+      printf '%s\n' "$line" >>"$keep"
+    fi
+  done <"$queue"
+  mv "$keep" "$queue"
+  exit 0
+fi
+if [ "$op" = forget ]; then
+  [ -f "$3" ] || exit 0
+  command_of() { sed -E 's/^[[:space:]]*[0-9]+[[:space:]]+//; s/[[:space:]]+$//'; }
+  declare -A ran=()
+  while IFS= read -r line || [ -n "$line" ]; do
+    [[ "$line" =~ ^[[:space:]]*(#|$) ]] || ran["$(command_of <<<"$line")"]=1
+  done <"$3"
+  keep=$(mktemp "$queue.XXXXXX")
+  while IFS= read -r line || [ -n "$line" ]; do
+    if [[ ! "$line" =~ ^[[:space:]]*(#|$) ]] && [ -n "${ran["$(command_of <<<"$line")"]:-}" ]; then
       printf '%s\n' "$line"
     else
       printf '%s\n' "$line" >>"$keep"

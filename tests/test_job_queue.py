@@ -128,6 +128,37 @@ def test_a_decided_seed_drops_its_siblings_and_nothing_else(tmp_path):
     assert queue.read_text() == before
 
 
+def forget(queue: Path, done: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), "forget", str(queue), str(done)],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_jobs_an_earlier_call_ran_are_forgotten_whatever_their_seconds(tmp_path):
+    """A call that starts from the committed jobs file on a machine that already ran some of its
+    jobs skips those (their command decides, not the seconds), keeps the rest and the comments."""
+    queue, done = tmp_path / "queue", tmp_path / "jobs_done"
+    stage = "bash scripts/gpu_run.sh run bash run.sh moe"
+    sets = "SETS='prefill.piecewise_graph_tokens=[128,256] serve.tpot_plan_fraction=1.0'"
+    queue.write_text(f"# the MoE edge\n300 MODE=bullet RATE=34 SEED=100 {sets} {stage}\n"
+                     f"300 MODE=bullet RATE=34 SEED=101 {sets} {stage}\n\n"
+                     f"150 bash scripts/gpu_run.sh tests tests/gpu -k 'graphs or matches'\n")
+    assert forget(queue, done).stdout == ""  # no earlier call on this machine: nothing goes
+    assert put(done, f"300 MODE=bullet RATE=34 SEED=100 {sets} {stage}").returncode == 0
+    assert put(done, "100 bash scripts/gpu_run.sh tests tests/gpu -k 'graphs or matches'").returncode == 0
+    r = forget(queue, done)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"300 MODE=bullet RATE=34 SEED=100 {sets} {stage}",
+                                     "150 bash scripts/gpu_run.sh tests tests/gpu -k 'graphs or matches'"]
+    assert queue.read_text() == f"# the MoE edge\n300 MODE=bullet RATE=34 SEED=101 {sets} {stage}\n\n"
+
+
+def test_the_queue_worker_remembers_what_it_ran():
+    """gpu_lists.sh lists each job it ran or dropped where the next call on the machine forgets them."""
+    script = (SCRIPT.parent / "gpu_lists.sh").read_text()
+    assert 'job_queue.sh forget "$queue" "$done_jobs"' in script
+    assert 'job_queue.sh put "$done_jobs" "$job"' in script and 'tee -a "$done_jobs"' in script
+
+
 def test_the_queue_worker_listens_for_the_sweeps_decision():
     """gpu_lists.sh drops siblings on the line bench serve prints: the two must not drift apart."""
     from bullet_trt.tools.bench.decided import DECIDED_ELSEWHERE
