@@ -49,19 +49,24 @@ if [ "$op" = put ]; then
   exit 0
 fi
 [ -f "$queue" ] || { echo "job_queue: no queue file $queue" >&2; exit 2; }
-if [ "$op" = drop ]; then
-  [[ "$3" == *SEED=* ]] || exit 0
-  key() { sed -E 's/^[[:space:]]*[0-9]+[[:space:]]+//; s/(^|[[:space:]])SEED=[^[:space:]]*//; s/[[:space:]]+/ /g; s/^ //; s/ $//'; }
-  want=$(key <<<"$3")
+take_out() {  # take_out TEST: prints and removes the queue's job lines for which `TEST LINE` succeeds
+  local keep line
   keep=$(mktemp "$queue.XXXXXX")
   while IFS= read -r line || [ -n "$line" ]; do
-    if [[ ! "$line" =~ ^[[:space:]]*(#|$) ]] && [[ "$line" == *SEED=* ]] && [ "$(key <<<"$line")" = "$want" ]; then
+    if [[ ! "$line" =~ ^[[:space:]]*(#|$) ]] && "$1" "$line"; then
       printf '%s\n' "$line"
     else
       printf '%s\n' "$line" >>"$keep"
     fi
   done <"$queue"
   mv "$keep" "$queue"
+}
+if [ "$op" = drop ]; then
+  [[ "$3" == *SEED=* ]] || exit 0
+  key() { sed -E 's/^[[:space:]]*[0-9]+[[:space:]]+//; s/(^|[[:space:]])SEED=[^[:space:]]*//; s/[[:space:]]+/ /g; s/^ //; s/ $//'; }
+  want=$(key <<<"$3")
+  sibling() { [[ "$1" == *SEED=* ]] && [ "$(key <<<"$1")" = "$want" ]; }
+  take_out sibling
   exit 0
 fi
 if [ "$op" = forget ]; then
@@ -71,15 +76,8 @@ if [ "$op" = forget ]; then
   while IFS= read -r line || [ -n "$line" ]; do
     [[ "$line" =~ ^[[:space:]]*(#|$) ]] || ran["$(command_of <<<"$line")"]=1
   done <"$3"
-  keep=$(mktemp "$queue.XXXXXX")
-  while IFS= read -r line || [ -n "$line" ]; do
-    if [[ ! "$line" =~ ^[[:space:]]*(#|$) ]] && [ -n "${ran["$(command_of <<<"$line")"]:-}" ]; then
-      printf '%s\n' "$line"
-    else
-      printf '%s\n' "$line" >>"$keep"
-    fi
-  done <"$queue"
-  mv "$keep" "$queue"
+  ran_before() { [ -n "${ran["$(command_of <<<"$1")"]:-}" ]; }
+  take_out ran_before
   exit 0
 fi
 left=$3
