@@ -35,6 +35,11 @@ class ProfileConfig:
     # the next one, its attention eager between the graphs. Empty: such steps run eagerly.
     # A GPU server in chunked mode gets them from serve.sizing=auto (serving/device_sizing.py).
     piecewise_graph_tokens: list[int] = field(default_factory=list)
+    # The decode worker launches each decode step before the last one's tokens reach the host,
+    # feeding them to the new step on the device, so that its host work between steps runs
+    # while the GPU steps (engine/step_in_flight.py). Read by the decode worker of the spatial
+    # modes, on one GPU; a row that ends is stepped once more, its token dropped.
+    overlap_steps: bool = False
 
 
 @dataclass
@@ -119,7 +124,7 @@ class ServeConfig:
     # percentile of recent TTFTs (or the oldest waiting prompt's age) is a larger share of the
     # TTFT SLO than recent TPOTs' is of theirs, down the other way (spatial/plan_tuner.py),
     # starting from tpot_plan_fraction, within [0.7, 2]. Off: its first version, on TPOT alone,
-    # starved prefill on GPUs (docs/benchmarks.md, seventh round); this one is not yet measured.
+    # starved prefill on GPUs (docs/benchmarks.md, seventh round); this one lost too (eleventh).
     tpot_plan_auto: bool = False
     # bullet: decode's step beside a prefill is also kept within what the decoding rows' TPOT
     # can still afford (bullet_trt/spatial/row_pace.py): a row's mean over its gaps, counting

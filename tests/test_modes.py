@@ -222,15 +222,18 @@ def test_a_dry_pool_preempts_only_the_rows_it_needs(llama_engine):
         assert core.allocator.num_free == 3 and core.queues.num_preemptions == 1
 
 
-@pytest.mark.parametrize("fuse, waits, row_budget, lookahead", [
-    ("never", True, False, 4), ("never", False, False, 4), ("always", False, False, 4), ("never", False, True, 0),
-    ("never", False, False, 16)])
-def test_spatial_modes_follow_every_rule_under_preemption(llama_engine, fuse, waits, row_budget, lookahead):
+@pytest.mark.parametrize("fuse, waits, row_budget, lookahead, overlap", [
+    ("never", True, False, 4, False), ("never", False, False, 4, False), ("always", False, False, 4, False),
+    ("never", False, True, 0, False), ("never", False, False, 16, False), ("never", False, False, 4, True),
+    ("always", True, False, 0, True)])
+def test_spatial_modes_follow_every_rule_under_preemption(llama_engine, fuse, waits, row_budget, lookahead, overlap):
     """The decode worker steps its own rows: seeded sampling, min_tokens, end ids, stop
     sequences and log-probs come out as in the in-process engine, also when a small pool
     preempts decoding sequences, when every prefill waits for decode's move to the
-    complement, when the rows' TPOT budgets bound decode's step, and whether blocks are
-    granted just in time or a block ahead, and every block comes back."""
+    complement, when the rows' TPOT budgets bound decode's step, whether blocks are
+    granted just in time or a block ahead, and when each decode step is launched before the
+    last one's tokens reach the host (its input tokens fed on the device; rows that end step
+    once more), with fused prompts draining it; and every block comes back."""
     batch = prompts(12, seed=11)
     greedy_params, params = _mixed_requests(batch)
     with LLM(str(llama_engine), **{"serve.mode": "chunked"}) as llm:
@@ -249,7 +252,8 @@ def test_spatial_modes_follow_every_rule_under_preemption(llama_engine, fuse, wa
                                    "serve.prefill_hold_fraction": 0, "serve.fuse_prefill": fuse,
                                    "serve.prefill_waits_for_split": waits,
                                    "serve.row_tpot_budget": row_budget,
-                                   "serve.grant_lookahead_tokens": lookahead}) as llm:
+                                   "serve.grant_lookahead_tokens": lookahead,
+                                   "decode.overlap_steps": overlap}) as llm:
         out = llm.generate_token_ids(batch, params)
         stats = llm.engine.stats()
     for got, want in zip(out, ref):

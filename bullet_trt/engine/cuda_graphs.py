@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from bullet_trt.engine.graph_inputs import DecodeInputStaging
+from bullet_trt.engine.step_in_flight import TokenFeed
 from bullet_trt.kernels.metadata import AttentionMetadata
 
 
@@ -103,7 +104,8 @@ class DecodeGraphs:
         self.dev_i32[span].copy_(self.host_i32[span], non_blocking=True)
         self.copied.record()
 
-    def run(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]]) -> torch.Tensor:
+    def run(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]],
+            feed: TokenFeed | None = None) -> torch.Tensor:
         """Logits (B, V) in the model's dtype for one decode token per sequence, on the current
         stream: a view of the graphs' buffer, valid until the next replay. No float32 copy is
         made here: one per step, of a new size whenever the batch grows, left the caching
@@ -114,6 +116,8 @@ class DecodeGraphs:
         stream = self._capture_stream()
         key = (stream.cuda_stream, b)
         self._stage(token_ids, positions, block_tables, b)
+        if feed is not None:  # tokens the host has not seen yet, from the step before
+            feed.apply(self.input_ids)
         if key not in self.graphs:
             self.graphs[key] = self._capture(b, stream)
         self.graphs[key].replay()  # into the current stream, whichever stream captured it

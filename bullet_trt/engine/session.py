@@ -13,6 +13,7 @@ import torch
 
 from bullet_trt.config import ProfileConfig
 from bullet_trt.engine.sampling import SamplingBatch, SamplingParams, float32_scratch, sample
+from bullet_trt.engine.step_in_flight import Readback, SampleResult, StepInFlight, TokenFeed
 from bullet_trt.kernels.metadata import AttentionMetadata
 
 
@@ -26,12 +27,6 @@ class BatchItem:
     sample: bool  # False for a prompt chunk that is not the last one
     output_index: int = 0  # which output token a sample is (keys the seeded noise)
     banned_token_ids: list[int] = field(default_factory=list)
-
-
-@dataclass(slots=True)  # a decode step makes one per row
-class SampleResult:
-    token_id: int
-    logprob: float | None = None
 
 
 class EngineSession(ABC):
@@ -75,6 +70,9 @@ class TorchSession(EngineSession):
                                        profile.max_model_len)
         self.sample_scratch = (float32_scratch(self.graphs.batch_sizes[-1], model.arch.vocab_size, self.device)
                                if self.graphs is not None else None)
+        # two, since a step's tokens are read while the next step's are on their way
+        self._readbacks = ([Readback(max(profile.max_num_seqs, 1)) for _ in range(2)]
+                           if self.device.type == "cuda" else [])
         self.piecewise = None
         if use_cuda_graphs and profile.piecewise_graph_tokens and model.shard.single:
             from bullet_trt.engine.piecewise_graphs import PiecewiseGraphs
@@ -146,49 +144,56 @@ class TorchSession(EngineSession):
         new = self.graphs.capture_all() if self.graphs is not None else 0
         return new + (self.piecewise.capture_all() if self.piecewise is not None else 0)
 
-    def _graph_logits(self, items: list[BatchItem]) -> torch.Tensor | None:
+    def _graph_logits(self, items: list[BatchItem], feed: TokenFeed | None) -> torch.Tensor | None:
         if self.graphs is None or not all(len(it.input_token_ids) == 1 and it.sample for it in items):
             return None
         if self.graphs.bucket(len(items)) is None:
             return None
         return self.graphs.run([it.input_token_ids[0] for it in items], [it.start_pos for it in items],
-                               [it.block_table for it in items])
+                               [it.block_table for it in items], feed)
+
+    def run(self, items: list[BatchItem]) -> list[SampleResult | None]:
+        return self.launch(items).results()
 
     @torch.inference_mode()
-    def run(self, items: list[BatchItem]) -> list[SampleResult | None]:
+    def launch(self, items: list[BatchItem], feed: TokenFeed | None = None) -> StepInFlight:
+        """Queues a step on the current stream and returns it without waiting for its tokens
+        (engine/step_in_flight.py). `feed`: input tokens of one-token rows taken from an
+        earlier step's sampled tokens on the device; only for steps of one token per item."""
         if not items:
-            return []
-        logits = self._graph_logits(items)
+            return StepInFlight(0, [], [], None, None)
+        logits = self._graph_logits(items, feed)
         if logits is not None:
             return self._sample(items, list(range(len(items))), logits)
         q_lens = [len(it.input_token_ids) for it in items]
+        if feed is not None and any(n != 1 for n in q_lens):
+            raise ValueError("a token feed needs one input token per item")
         seq_lens = [it.start_pos + n for it, n in zip(items, q_lens)]
         meta = AttentionMetadata.build(q_lens, seq_lens, [it.block_table for it in items],
                                        self.block_size, self.device)
         ids = [t for it in items for t in it.input_token_ids]
         positions = [p for it, n in zip(items, q_lens) for p in range(it.start_pos, it.start_pos + n)]
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        if feed is not None:
+            feed.apply(input_ids)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         if self.piecewise is not None and self.piecewise.bucket(len(ids)) is not None:
             hidden = self.piecewise.run(input_ids, pos, meta)
         else:
             hidden = self.model(input_ids, pos, self.kv_pool, meta)
         rows = [i for i, it in enumerate(items) if it.sample]
-        results: list[SampleResult | None] = [None] * len(items)
         if not rows:
-            return results
+            return StepInFlight(len(items), [], [], None, None)
         last = meta.cu_seqlens_q[1:].long() - 1
         logits = self.model.compute_logits(hidden[last[rows]])
         return self._sample(items, rows, logits)
 
-    def _sample(self, items: list[BatchItem], rows: list[int], logits: torch.Tensor) -> list[SampleResult | None]:
-        results: list[SampleResult | None] = [None] * len(items)
+    def _sample(self, items: list[BatchItem], rows: list[int], logits: torch.Tensor) -> StepInFlight:
         picked = [items[i] for i in rows]
         batch = SamplingBatch.build([it.params for it in picked], [it.output_index for it in picked],
                                     [it.banned_token_ids for it in picked], self.device)
         tokens, logprobs = sample(logits, batch, self.sample_scratch, self.model.ops)
-        tokens = tokens.tolist()
-        lps = logprobs.tolist() if logprobs is not None else [None] * len(rows)
-        for row, tok, lp, it in zip(rows, tokens, lps, picked):
-            results[row] = SampleResult(tok, lp if it.params.logprobs else None)
-        return results
+        readback = None
+        if self.device.type == "cuda":
+            readback, self._readbacks = self._readbacks[0], self._readbacks[::-1]
+        return StepInFlight(len(items), rows, [it.params.logprobs for it in picked], tokens, logprobs, readback)

@@ -73,9 +73,20 @@ class PersistentDecodeBatch:
 
     def advance(self, ran: list[tuple[int, BatchItem]], token_ids: list[int]) -> None:
         """Feeds each row its sampled token as the next input."""
-        for (_, item), token in zip(ran, token_ids):
-            item.input_token_ids = [token]
+        self.move_on(ran)
+        self.feed(ran, token_ids)
+
+    def move_on(self, ran: list[tuple[int, BatchItem]]) -> None:
+        """Moves each row that stepped to its next position, whatever token it sampled: all
+        of its next step but its input token (which an overlapped step takes on the device)."""
+        for _, item in ran:
             item.start_pos += 1
             item.output_index += 1
             if item.banned_token_ids and item.output_index >= item.params.min_tokens:
                 item.banned_token_ids = []
+
+    @staticmethod
+    def feed(ran: list[tuple[int, BatchItem]], token_ids: list[int]) -> None:
+        """Each row's sampled token, as its next input on the host."""
+        for (_, item), token in zip(ran, token_ids):
+            item.input_token_ids = [token]

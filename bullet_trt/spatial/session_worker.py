@@ -37,6 +37,7 @@ from bullet_trt.engine.tp_ranks import exit_with_parent
 from bullet_trt.protocol import (BatchDone, BatchFailed, DecodeStep, DecodeStepFailed, DecodeUpdate, RowsLeft,
                                  RunBatch, SmSplit, StopWorker, WorkerFatal, WorkerReady, WorkerSetup)
 from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
+from bullet_trt.spatial.overlapped_decode import OverlappedDecode, WorkerBroken
 from bullet_trt.spatial.partitioners import make_partitioner
 from bullet_trt.spatial.rank_mirror import FollowerOutbox, RankMirror
 from bullet_trt.spatial.step_clock import GpuStepClock
@@ -98,80 +99,96 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
         outbox = FollowerOutbox(outbox)
         exit_with_parent()  # it waits on rank 0's worker, not on its inbox
     batch = PersistentDecodeBatch(state.block_size, part.total_sms)
+    overlap = None
+    if profile.overlap_steps and group is None and hasattr(session, "launch"):
+        clocks = [clock, _start_clock(device, part, splits)] if clock is not None else None
+        overlap = OverlappedDecode(session, device, part, name, set_num_sms, batch, outbox, clocks, memory)
     last_step_end: float | None = None
     stepped = False  # whether rows stepped last time round: likely they can step again
     parent = mp.parent_process()
-    while True:
-        # Block on the inbox only when no row stepped and no prompts wait for a step; otherwise
-        # take what is there. (When the rows that stepped cannot step again, the next round
-        # finds none and blocks.)
-        msgs = mirror.take(block=not stepped and not batch.prompt_groups)
-        if not msgs and parent is not None and not parent.is_alive():
-            outbox.cancel_join_thread()  # orphaned: free the GPU
-            return
-        left: list[int] = []
-        for msg in msgs:
-            match msg:
-                case StopWorker():
-                    return
-                case DecodeUpdate():
-                    left += batch.apply(msg)
-                    if msg.epoch and decode_epoch is not None:
-                        # Between steps: nothing of this worker runs on the old split any more.
-                        decode_epoch.value = msg.epoch
-                case RunBatch(items=items, split=split, after_decode_epoch=epoch):
-                    try:
-                        waited_ms = _wait_for_epoch(decode_epoch, epoch, parent)
-                        results, elapsed_ms, start, gpu_window = _timed_run(session, device, part, name, split,
-                                                                            set_num_sms, items, clock)
-                        outbox.put(BatchDone(name, results, elapsed_ms, start, waited_ms, gpu_window))
-                        if memory is not None:
-                            memory.after_step(items)
-                    except Exception:
-                        if not device_usable(device):
-                            outbox.put(WorkerFatal(name, traceback.format_exc()))
-                            return
-                        outbox.put(BatchFailed(name, traceback.format_exc()))
-        ran = batch.runnable()
-        prompts = batch.take_prompts()
-        stepped = bool(ran)
-        if not ran and not prompts:
-            if left:
-                outbox.put(RowsLeft(left))
-            continue
-        rows = [item for _, item in ran]
-        try:
-            results, elapsed_ms, start, gpu_window = _timed_run(session, device, part, name, batch.split,
-                                                                set_num_sms, rows + prompts, clock)
-        except Exception:
-            trace = traceback.format_exc()
-            if not device_usable(device):
-                outbox.put(WorkerFatal(name, trace))
+    try:
+        while True:
+            # Block on the inbox only when no row stepped, no prompts wait for a step and no
+            # step is in flight; otherwise take what is there. (When the rows that stepped
+            # cannot step again, the next round finds none and blocks.)
+            msgs = mirror.take(block=not stepped and not batch.prompt_groups and not (overlap and overlap.pending))
+            if not msgs and parent is not None and not parent.is_alive():
+                outbox.cancel_join_thread()  # orphaned: free the GPU
                 return
-            # The rows (and prompts) of the failed step end with the error; the others step on.
-            failed = [row_id for row_id, _ in ran]
-            for row_id in failed:
-                batch.rows.pop(row_id, None)
-            if left:
-                outbox.put(RowsLeft(left))
-            outbox.put(DecodeStepFailed(trace, failed, bool(prompts)))
-            continue
-        row_results = results[:len(rows)]
-        tokens = [r.token_id for r in row_results]
-        step = DecodeStep(row_ids=[row_id for row_id, _ in ran], token_ids=tokens,
-                          logprobs=[r.logprob for r in row_results], left=left, split=batch.split,
-                          total_ctx=sum(it.start_pos + 1 for it in rows), start=start,
-                          measured_ms=elapsed_ms,
-                          idle_ms=None if last_step_end is None else (start - last_step_end) * 1e3,
-                          prompt_results=results[len(rows):] if prompts else None,
-                          prompt_tokens=sum(len(it.input_token_ids) for it in prompts), gpu_window_ns=gpu_window,
-                          rows_without_block=batch.waiting_for_block)
-        batch.advance(ran, tokens)
-        last_step_end = time.monotonic()
-        outbox.put(step)
-        # after the tokens have left: the orchestrator need not wait for the allocator's books
-        if memory is not None:
-            memory.after_step(rows, prompts)
+            left: list[int] = []
+            for msg in msgs:
+                match msg:
+                    case StopWorker():
+                        return
+                    case DecodeUpdate():
+                        if overlap is not None and msg.split is not None and msg.split != batch.split:
+                            # the epoch below says nothing of this worker runs on the old split
+                            left = overlap.drain(left)
+                        left += batch.apply(msg)
+                        if msg.epoch and decode_epoch is not None:
+                            # Between steps: nothing of this worker runs on the old split any more.
+                            decode_epoch.value = msg.epoch
+                    case RunBatch(items=items, split=split, after_decode_epoch=epoch):
+                        try:
+                            waited_ms = _wait_for_epoch(decode_epoch, epoch, parent)
+                            results, elapsed_ms, start, gpu_window = _timed_run(session, device, part, name, split,
+                                                                                set_num_sms, items, clock)
+                            outbox.put(BatchDone(name, results, elapsed_ms, start, waited_ms, gpu_window))
+                            if memory is not None:
+                                memory.after_step(items)
+                        except Exception:
+                            if not device_usable(device):
+                                outbox.put(WorkerFatal(name, traceback.format_exc()))
+                                return
+                            outbox.put(BatchFailed(name, traceback.format_exc()))
+            ran = batch.runnable()
+            prompts = batch.take_prompts()
+            stepped = bool(ran)
+            if overlap is not None:
+                if ran and not prompts:
+                    left = overlap.step(ran, left)
+                    continue
+                # fused prompts step the plain way below; the step in flight reports first
+                left = overlap.drain(left)
+            if not ran and not prompts:
+                if left:
+                    outbox.put(RowsLeft(left))
+                continue
+            rows = [item for _, item in ran]
+            try:
+                results, elapsed_ms, start, gpu_window = _timed_run(session, device, part, name, batch.split,
+                                                                    set_num_sms, rows + prompts, clock)
+            except Exception:
+                trace = traceback.format_exc()
+                if not device_usable(device):
+                    outbox.put(WorkerFatal(name, trace))
+                    return
+                # The rows (and prompts) of the failed step end with the error; the others step on.
+                failed = [row_id for row_id, _ in ran]
+                for row_id in failed:
+                    batch.rows.pop(row_id, None)
+                if left:
+                    outbox.put(RowsLeft(left))
+                outbox.put(DecodeStepFailed(trace, failed, bool(prompts)))
+                continue
+            row_results = results[:len(rows)]
+            tokens = [r.token_id for r in row_results]
+            step = DecodeStep(row_ids=[row_id for row_id, _ in ran], token_ids=tokens,
+                              logprobs=[r.logprob for r in row_results], left=left, split=batch.split,
+                              total_ctx=sum(it.start_pos + 1 for it in rows), start=start,
+                              measured_ms=elapsed_ms,
+                              idle_ms=None if last_step_end is None else (start - last_step_end) * 1e3,
+                              prompt_results=results[len(rows):] if prompts else None,
+                              prompt_tokens=sum(len(it.input_token_ids) for it in prompts), gpu_window_ns=gpu_window,
+                              rows_without_block=batch.waiting_for_block)
+            batch.advance(ran, tokens)
+            last_step_end = time.monotonic()
+            outbox.put(step)
+            # after the tokens have left: the orchestrator need not wait for the allocator's books
+            if memory is not None:
+                memory.after_step(rows, prompts)
+    except WorkerBroken:  # reported to the orchestrator already
+        return
 
 
 def _wait_for_epoch(decode_epoch, epoch: int, parent, limit_s: float = 5.0) -> float:

@@ -59,8 +59,11 @@ def tiny_engine(checkpoint, tmp_path_factory):
                                  max_model_len=256, dtype="float32")
 
 
-@pytest.mark.parametrize("mode", ["bullet", "static"])
+@pytest.mark.parametrize("mode", ["bullet", "static", "bullet-overlapped"])
 def test_spatial_mode_on_green_partitions_matches_chunked(mps_daemon, tiny_engine, tmp_path, mode):
+    """bullet-overlapped: bullet with each decode step launched before the last one's tokens
+    reach the host, its input tokens fed on the device (decode.overlap_steps), through the
+    decode graphs of every partition."""
     rng = random.Random(3)
     prompts = [[rng.randrange(3, VOCAB_SIZE) for _ in range(rng.randint(9, 120))] for _ in range(12)]
     params = [SamplingParams(max_tokens=rng.randint(8, 40), temperature=0, ignore_eos=True),
@@ -69,7 +72,8 @@ def test_spatial_mode_on_green_partitions_matches_chunked(mps_daemon, tiny_engin
     with LLM(str(tiny_engine), **{"serve.mode": "chunked", **common}) as llm:
         want = [c.token_ids for c in llm.generate_token_ids(prompts, params)]
     log = tmp_path / "iterations.jsonl"
-    spatial = {"serve.mode": mode, "serve.partitioner": "green", "serve.iteration_log": str(log), **common}
+    spatial = {"serve.mode": mode.split("-")[0], "serve.partitioner": "green", "serve.iteration_log": str(log),
+               "decode.overlap_steps": mode == "bullet-overlapped", **common}
     if mode == "static":
         spatial["serve.static_prefill_sms"] = 64
     with LLM(str(tiny_engine), **spatial) as llm:

@@ -1,0 +1,160 @@
+"""The decode worker's steps launched one ahead (`decode.overlap_steps`): step N+1 is queued on
+the GPU, its input tokens fed on the device from step N's (engine/step_in_flight.py), before the
+host reads step N's tokens, reports them and takes the orchestrator's updates. The host's part
+of a step then runs while the GPU runs the next one, where before the GPU waited for it.
+
+What this changes for the rest of the worker's loop:
+- A row that ended at step N (an end token, a stop sequence the orchestrator sees) has stepped
+  once more by then; the orchestrator drops a token of a row that left, as it does for the
+  steps a row runs ahead while its leave is on its way.
+- A leave is acknowledged only with the report of a step that ended after the leave was taken
+  in: then no step in flight holds the row, whose blocks may go to another sequence.
+- A new split, fused prompts and a worker's last rows drain the step in flight first: a step
+  is fed only from one on the same stream, and the split's epoch is published only when
+  nothing of this worker runs on the old one.
+- A step's time is taken by CUDA events around it (the host's clock would count the wait for
+  the step before), and its window by one of two GPU clocks, one per step in flight.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from bullet_trt.engine.session import BatchItem
+from bullet_trt.engine.step_failure import device_usable
+from bullet_trt.engine.step_in_flight import StepInFlight, TokenFeed
+from bullet_trt.protocol import DecodeStep, DecodeStepFailed, RowsLeft, SmSplit, WorkerFatal
+from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
+
+
+class WorkerBroken(RuntimeError):
+    """The device's context is broken: the worker reported WorkerFatal and must exit."""
+
+
+@dataclass
+class LaunchedStep:
+    ran: list[tuple[int, BatchItem]]
+    flight: StepInFlight
+    split: SmSplit
+    start: float  # time.monotonic() at launch
+    total_ctx: int
+    rows_without_block: int
+    began: torch.cuda.Event | None
+    ended: torch.cuda.Event | None
+    host_ms: float  # the launch's own host time (the step's time where there are no events)
+    clock: object | None  # the GpuStepClock that stamped it
+
+    def index_of(self) -> dict[int, int]:
+        return {row_id: i for i, (row_id, _) in enumerate(self.ran)}
+
+
+class OverlappedDecode:
+    def __init__(self, session, device, part, role: str, set_num_sms, batch: PersistentDecodeBatch, outbox,
+                 clocks: list | None, memory=None):
+        self.session, self.device, self.part, self.role = session, device, part, role
+        self.set_num_sms, self.batch, self.outbox, self.memory = set_num_sms, batch, outbox, memory
+        self.clocks = clocks or []  # two GPU clocks, or none
+        self.pending: LaunchedStep | None = None
+
+    def step(self, ran: list[tuple[int, BatchItem]], left: list[int]) -> list[int]:
+        """Launches a step over `ran`, then reports the step before it (with the leaves in
+        `left`); returns the leaves not yet acknowledged."""
+        try:
+            launched = self._launch(ran)
+        except Exception:
+            trace = traceback.format_exc()
+            left = self.drain(left)
+            self._check_device(trace)
+            failed = [row_id for row_id, _ in ran]
+            for row_id in failed:
+                self.batch.rows.pop(row_id, None)
+            if left:
+                self.outbox.put(RowsLeft(left))
+            self.outbox.put(DecodeStepFailed(trace, failed, False))
+            return []
+        previous, self.pending = self.pending, launched
+        self.batch.move_on(ran)
+        if previous is not None:
+            return self._report(previous, left)
+        if left:  # no step in flight holds them: the new one left them out
+            self.outbox.put(RowsLeft(left))
+        return []
+
+    def drain(self, left: list[int]) -> list[int]:
+        """Reports the step in flight, if any, with the leaves in `left`."""
+        if self.pending is None:
+            return left
+        previous, self.pending = self.pending, None
+        return self._report(previous, left)
+
+    def _launch(self, ran: list[tuple[int, BatchItem]]) -> LaunchedStep:
+        split = self.batch.split
+        stream = self.part.stream(split.prefill)
+        if self.set_num_sms is not None:
+            self.set_num_sms(split.sms_of(self.role))
+        rows = [item for _, item in ran]
+        feed = None
+        if self.pending is not None:
+            index = self.pending.index_of()
+            fed = [(i, index[row_id]) for i, (row_id, _) in enumerate(ran) if row_id in index]
+            feed = TokenFeed(self.pending.flight.tokens, [i for i, _ in fed], [j for _, j in fed])
+        clock = None
+        if self.clocks:
+            clock = self.clocks[0]
+            self.clocks.reverse()
+        cuda = self.device.type == "cuda"
+        began = torch.cuda.Event(enable_timing=True) if cuda else None
+        ended = torch.cuda.Event(enable_timing=True) if cuda else None
+        start = time.monotonic()
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            # the events outside the stamps: the step's time holds its window
+            if began is not None:
+                began.record()
+            if clock is not None:
+                clock.begin()
+            flight = self.session.launch(rows, feed)
+            if clock is not None:
+                clock.finish()
+            if ended is not None:
+                ended.record()
+        return LaunchedStep(ran, flight, split, start, sum(it.start_pos + 1 for it in rows),
+                            self.batch.waiting_for_block, began, ended, (time.monotonic() - start) * 1e3, clock)
+
+    def _report(self, step: LaunchedStep, left: list[int]) -> list[int]:
+        try:
+            if step.ended is not None:
+                step.ended.synchronize()
+            results = step.flight.results()
+        except Exception:
+            trace = traceback.format_exc()
+            self._check_device(trace)
+            failed = [row_id for row_id, _ in step.ran]
+            for row_id in failed:
+                self.batch.rows.pop(row_id, None)
+            if left:
+                self.outbox.put(RowsLeft(left))
+            self.outbox.put(DecodeStepFailed(trace, failed, False))
+            return []
+        measured_ms = step.began.elapsed_time(step.ended) if step.began is not None else step.host_ms
+        tokens = [r.token_id for r in results]
+        self.outbox.put(DecodeStep(
+            row_ids=[row_id for row_id, _ in step.ran], token_ids=tokens, logprobs=[r.logprob for r in results],
+            left=left, split=step.split, total_ctx=step.total_ctx, start=step.start, measured_ms=measured_ms,
+            idle_ms=None, prompt_results=None, prompt_tokens=0,
+            gpu_window_ns=step.clock.window_ns() if step.clock is not None else None,
+            rows_without_block=step.rows_without_block))
+        # rows still in the batch take their token as the next input on the host, for a step
+        # that is not fed from this one (after a drain); a step already fed from it has it
+        self.batch.feed(step.ran, tokens)
+        if self.memory is not None:
+            self.memory.after_step([item for _, item in step.ran])
+        return []
+
+    def _check_device(self, trace: str) -> None:
+        if not device_usable(self.device):
+            self.outbox.put(WorkerFatal(self.role, trace))
+            raise WorkerBroken(trace)

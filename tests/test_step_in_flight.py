@@ -1,0 +1,58 @@
+"""A step launched before the last one's tokens reach the host (engine/step_in_flight.py): rows
+fed their input token on the device from the step before sample what they sample when the host
+hands the same token in, and rows left out of the feed keep their host token."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bullet_trt.config import load_engine_config
+from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt.engine.session import BatchItem, TorchSession
+from bullet_trt.engine.shared_state import build_shared_state
+from bullet_trt.engine.step_in_flight import TokenFeed
+from tests.test_engine import engine_dir_for, prompts
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    engine = engine_dir_for(tmp_path_factory, "llama")[0]
+    cfg = load_engine_config(engine, {"kv.num_blocks": "32"})
+    state, model = build_shared_state(cfg, share=False)
+    return TorchSession(model, state.kv_pool, state.block_size, cfg.decode)
+
+
+def test_fed_rows_sample_what_host_tokens_give(session):
+    seeded = SamplingParams(max_tokens=8, temperature=0.9, seed=7, logprobs=True)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    bs = session.block_size
+    items = [BatchItem(f"r{i}", p, 0, [4 * i, 4 * i + 1, 4 * i + 2], params, True)
+             for i, (p, params) in enumerate(zip(prompts(3, seed=4), [greedy, seeded, greedy]))]
+    assert all(len(it.input_token_ids) < 2 * bs for it in items)
+    first = session.launch(items)  # the prompts; their tokens stay on the device for the feed
+    firsts = [r.token_id for r in first.results()]
+
+    def step(token_ids):
+        return [BatchItem(it.request_id, [t], len(it.input_token_ids), it.block_table, it.params, True,
+                          output_index=1) for it, t in zip(items, token_ids)]
+
+    pool = session.kv_pool.clone()
+    by_host = [(r.token_id, r.logprob) for r in session.run(step(firsts))]
+    session.kv_pool.copy_(pool)
+    # rows 0 and 2 are fed from the first step (their host tokens are placeholders), in an order
+    # unlike the source's; row 1 keeps its host token
+    fed = session.launch(step([0, firsts[1], 0]), TokenFeed(first.tokens, rows=[2, 0], src=[2, 0]))
+    got = [(r.token_id, r.logprob) for r in fed.results()]
+    assert got[0] == by_host[0] and got[2] == by_host[2]
+    assert got[1][0] == by_host[1][0] and got[1][1] == pytest.approx(by_host[1][1], abs=1e-6)
+    assert got[0][1] is None and got[1][1] is not None  # log-probs only where asked
+    session.kv_pool.copy_(pool)
+    # a placeholder that is not fed is what the row runs with: the feed is what changed the rows
+    unfed = [r.token_id for r in session.run(step([0, firsts[1], 0]))]
+    assert unfed != [t for t, _ in by_host]
+
+
+def test_a_feed_needs_one_token_per_item(session):
+    item = BatchItem("r", [5, 6], 0, [0], SamplingParams(max_tokens=2), True)
+    with pytest.raises(ValueError, match="one input token per item"):
+        session.launch([item], TokenFeed(torch.zeros(1, dtype=torch.long), [0], [0]))
