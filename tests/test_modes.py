@@ -323,14 +323,16 @@ def _drain(core, finished: dict) -> None:
                 finished[out.request_id] = out
 
 
-def test_a_failed_decode_step_ends_its_rows_and_the_engine_serves_on(llama_engine):
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlapped"])
+def test_a_failed_decode_step_ends_its_rows_and_the_engine_serves_on(llama_engine, overlap):
     """A decode step that raises in the decode worker ends the requests of its rows with an
     error that says so and frees their blocks (once the worker acknowledges the leave); the
-    worker keeps stepping and the engine serves later requests. The failure is real: the
-    row's input token is replaced, on its way to the worker, by an id past the vocabulary."""
+    worker keeps stepping and the engine serves later requests, also with its steps launched
+    one ahead. The failure is real: the row's input token is replaced, on its way to the
+    worker, by an id past the vocabulary."""
     from bullet_trt.engine.request import NewRequest
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    with LLM(str(llama_engine), **{"serve.mode": "bullet"}) as llm:
+    with LLM(str(llama_engine), **{"serve.mode": "bullet", "decode.overlap_steps": overlap}) as llm:
         core = llm.engine
         vocab = core.state.arch.vocab_size
         join = core._join

@@ -67,15 +67,7 @@ class OverlappedDecode:
             launched = self._launch(ran)
         except Exception:
             trace = traceback.format_exc()
-            left = self.drain(left)
-            self._check_device(trace)
-            failed = [row_id for row_id, _ in ran]
-            for row_id in failed:
-                self.batch.rows.pop(row_id, None)
-            if left:
-                self.outbox.put(RowsLeft(left))
-            self.outbox.put(DecodeStepFailed(trace, failed, False))
-            return []
+            return self._failed(ran, trace, self.drain(left))
         previous, self.pending = self.pending, launched
         self.batch.move_on(ran)
         if previous is not None:
@@ -130,15 +122,7 @@ class OverlappedDecode:
                 step.ended.synchronize()
             results = step.flight.results()
         except Exception:
-            trace = traceback.format_exc()
-            self._check_device(trace)
-            failed = [row_id for row_id, _ in step.ran]
-            for row_id in failed:
-                self.batch.rows.pop(row_id, None)
-            if left:
-                self.outbox.put(RowsLeft(left))
-            self.outbox.put(DecodeStepFailed(trace, failed, False))
-            return []
+            return self._failed(step.ran, traceback.format_exc(), left)
         measured_ms = step.began.elapsed_time(step.ended) if step.began is not None else step.host_ms
         tokens = [r.token_id for r in results]
         self.outbox.put(DecodeStep(
@@ -154,7 +138,16 @@ class OverlappedDecode:
             self.memory.after_step([item for _, item in step.ran])
         return []
 
-    def _check_device(self, trace: str) -> None:
+    def _failed(self, ran: list[tuple[int, BatchItem]], trace: str, left: list[int]) -> list[int]:
+        """A step that raised ends its rows with the error (they leave the batch) and the
+        worker steps the others on, unless the device's context is broken."""
         if not device_usable(self.device):
             self.outbox.put(WorkerFatal(self.role, trace))
             raise WorkerBroken(trace)
+        failed = [row_id for row_id, _ in ran]
+        for row_id in failed:
+            self.batch.rows.pop(row_id, None)
+        if left:
+            self.outbox.put(RowsLeft(left))
+        self.outbox.put(DecodeStepFailed(trace, failed, False))
+        return []
