@@ -3,7 +3,8 @@
 Messages are the small typed ones of bullet_trt/protocol.py. A RunBatch asks for one step
 over the given BatchItems (prefill batches); DecodeUpdates maintain the worker's own decode
 batch, which it steps on its own for as long as a row can step, sending a DecodeStep (tokens,
-measured time) after each (see decode_batch.py). The heavy state (weights, pool) crosses once,
+measured time) after each (see decode_batch.py; with `decode.overlap_steps` each step is launched
+before the last one's tokens are read, overlapped_decode.py). The heavy state (weights, pool) crosses once,
 in WorkerSetup, as shared-memory / CUDA IPC handles. The worker pins its work to its SM partition: at start-up it creates the streams of
 every split it may be given (green contexts, libsmctrl masks) and per iteration only picks one.
 
