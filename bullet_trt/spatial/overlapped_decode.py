@@ -14,6 +14,11 @@ What this changes for the rest of the worker's loop:
   nothing of this worker runs on the old one.
 - A step's time is taken by CUDA events around it (the host's clock would count the wait for
   the step before), and its window by one of two GPU clocks, one per step in flight.
+- What the orchestrator sends while a step runs reaches the step after next, not the next: a
+  row that joins waits a step longer, and a new split applies up to two steps after it was
+  sent instead of one, so a prefill that starts at once on its partition may share SMs with a
+  decode step on the whole GPU for that much longer (`bench overlap` measures it from the
+  iteration log; `serve.prefill_waits_for_split` makes the prefill wait for the new split).
 """
 from __future__ import annotations
 
