@@ -53,6 +53,14 @@ class PersistentDecodeBatch:
             self.prompt_groups.append(list(update.prompts))
         return list(update.leaves)
 
+    def drop(self, ran: list[tuple[int, BatchItem]]) -> list[int]:
+        """Takes the rows of a step that failed out of the batch; returns their ids (their
+        requests end with the error, the other rows step on)."""
+        failed = [row_id for row_id, _ in ran]
+        for row_id in failed:
+            self.rows.pop(row_id, None)
+        return failed
+
     def take_prompts(self) -> list[BatchItem]:
         """The prompts of the next step: the oldest group waiting, or none."""
         return self.prompt_groups.pop(0) if self.prompt_groups else []

@@ -149,9 +149,7 @@ class OverlappedDecode:
         if not device_usable(self.device):
             self.outbox.put(WorkerFatal(self.role, trace))
             raise WorkerBroken(trace)
-        failed = [row_id for row_id, _ in ran]
-        for row_id in failed:
-            self.batch.rows.pop(row_id, None)
+        failed = self.batch.drop(ran)
         if left:
             self.outbox.put(RowsLeft(left))
         self.outbox.put(DecodeStepFailed(trace, failed, False))

@@ -165,9 +165,7 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                     outbox.put(WorkerFatal(name, trace))
                     return
                 # The rows (and prompts) of the failed step end with the error; the others step on.
-                failed = [row_id for row_id, _ in ran]
-                for row_id in failed:
-                    batch.rows.pop(row_id, None)
+                failed = batch.drop(ran)
                 if left:
                     outbox.put(RowsLeft(left))
                 outbox.put(DecodeStepFailed(trace, failed, bool(prompts)))
