@@ -6,7 +6,7 @@
 #       e.g. tests/test_sm.py); --cpu also runs the CPU suite (pytest -m "not gpu" tests).
 #       Test paths among the arguments replace `tests`: `tests tests/gpu/test_gpu.py -x`.
 #   bash scripts/gpu_run.sh bench KIND [ARGS...]
-#       bullet-trt bench KIND ARGS. Without --engine-dir, `kernels`, `decode-profile`, `tp`,
+#       bullet-trt bench KIND ARGS. Without --engine-dir, `kernels`, `decode-profile`, `decode-overlap`, `tp`,
 #       `mixed-step` and `serve --start-server` get a dummy-weight Llama-3.1-8B engine ($ENGINE, built here),
 #       `moe` a dummy-weight Qwen3-30B-A3B one ($MOE_ENGINE; 61 GB of weights, so an H200
 #       leaves room for more KV than an H100); `kernels`, `decode-profile`, `moe`, `tp` and `mixed-step` write
@@ -251,7 +251,7 @@ case "$cmd" in
     args=("$@")
     needs_engine=
     case "$kind" in
-      kernels|decode-profile|tp|mixed-step) needs_engine=1 ;;
+      kernels|decode-profile|decode-overlap|tp|mixed-step) needs_engine=1 ;;
       serve) has_arg --start-server "${args[@]}" && needs_engine=1 ;;
     esac
     if [ -n "$needs_engine" ] && ! has_arg --engine-dir "${args[@]}"; then
@@ -263,7 +263,7 @@ case "$cmd" in
       args+=(--engine-dir "$MOE_ENGINE")
     fi
     case "$kind" in
-      kernels|decode-profile|moe|tp|mixed-step) has_arg --json "${args[@]}" || args+=(--json "$out/bench_$kind.json") ;;
+      kernels|decode-profile|decode-overlap|moe|tp|mixed-step) has_arg --json "${args[@]}" || args+=(--json "$out/bench_$kind.json") ;;
     esac
     "$PY" -m bullet_trt.tools.cli bench "$kind" "${args[@]}" 2>&1 | tee "$out/bench_$kind.log"
     exit $?

@@ -1,7 +1,8 @@
 """`bullet-trt bench <kind>`: kernels (GPU ceilings and the engine against them), moe (the fused
 mixture-of-experts kernels and an MoE engine against them), serve (load
 generator against a running server), hf-peer (transformers' continuous batching on the same
-workload), decode-profile (where a decode step's time goes), overlap (how disjoint prefill and
+workload), decode-profile (where a decode step's time goes), decode-overlap (the decode
+worker's steps one at a time against launched one ahead), overlap (how disjoint prefill and
 decode were, from an iteration log), tp (the all-reduce and the decode step over N GPUs),
 mixed-step (chunked mode's mixed step, eager against piecewise CUDA graphs), steady (whether
 serving runs kept up with their arrivals, window by window), misses (a run's SLO misses by
@@ -19,6 +20,7 @@ KINDS = {
     "serve": "bullet_trt.tools.bench.serve_bench",
     "hf-peer": "bullet_trt.tools.bench.hf_peer",
     "decode-profile": "bullet_trt.tools.bench.decode_profile",
+    "decode-overlap": "bullet_trt.tools.bench.decode_overlap",
     "overlap": "bullet_trt.tools.bench.split_overlap",
     "tp": "bullet_trt.tools.bench.tp_bench",
     "mixed-step": "bullet_trt.tools.bench.mixed_step",

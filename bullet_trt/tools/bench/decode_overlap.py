@@ -1,0 +1,190 @@
+"""`bullet-trt bench decode-overlap`: the decode worker's steps one at a time against launched
+one ahead (`decode.overlap_steps`), on one GPU, without a server.
+
+    bullet-trt bench decode-overlap --engine-dir engines/llama-3.1-8b [--batch 512] [--ctx 512]
+        [--steps 60] [--sms 108] [--json out.json]
+
+Both loops are the worker's own code: a persistent decode batch of `--batch` rows (each bans
+its end tokens, as a benchmark's requests do until their min_tokens) stepped by the plain path
+(`TorchSession.run`, then the batch takes the tokens) and by `OverlappedDecode`. Each prints
+its period (host wall time a step) and the GPU's busy share of it (CUDA events around each
+step), so the overlapped loop's gain is the ratio of the periods measured in the same run.
+With `--sms` the steps run on a green-context partition of that many SMs, as the decode
+worker runs beside a prefill.
+
+The overlapped loop's own figures: the GPU window of each step and the GPU's idle time between
+steps (CUDA events), and the host time of a launch and of a report (which waits for the step
+before). Then a few overlapped steps under torch.profiler, the host's time by call: a loop
+that does not gain has a call between one launch and the next that waits for the device.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from bullet_trt.config import load_engine_config
+from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt.engine.session import BatchItem
+from bullet_trt.engine.shared_state import attach_session, build_shared_state
+from bullet_trt.protocol import DecodeUpdate, SmSplit
+from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS
+from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
+from bullet_trt.spatial.overlapped_decode import OverlappedDecode
+from bullet_trt.spatial.session_worker import worker_profiles
+from bullet_trt.tools.bench.json_output import write_json
+
+
+class _Collect:
+    """The worker's outbox, kept here: the decode steps' reports."""
+
+    def __init__(self):
+        self.sent: list = []
+
+    def put(self, msg) -> None:
+        self.sent.append(msg)
+
+
+def decode_rows(batch: int, ctx: int, steps: int, block_size: int, pool_blocks: int,
+                banned: list[int]) -> list[tuple[int, BatchItem]]:
+    """`batch` rows at `ctx` cached tokens with blocks for `steps` more; rows share blocks once
+    the pool runs out (attention reads them all the same)."""
+    per_row = -(-(ctx + steps + 2) // block_size)
+    params = SamplingParams(temperature=0.0, max_tokens=10**9, min_tokens=10**9)
+    rows = []
+    for r in range(batch):
+        first = (r * per_row) % max(pool_blocks - per_row, 1)
+        rows.append((r, BatchItem(f"r{r}", [1 + r % 1000], ctx, list(range(first, first + per_row)), params,
+                                  True, output_index=1, banned_token_ids=list(banned))))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bullet-trt bench decode-overlap", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine-dir", required=True)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--sms", type=int, default=None, help="decode's partition (green context); default: whole GPU")
+    ap.add_argument("--profile-steps", type=int, default=6)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench decode-overlap needs a CUDA GPU")
+
+    # decode slots and graphs as a GPU server sizes them (engine.yaml's suit a CPU)
+    cfg = load_engine_config(args.engine_dir, {"kv.gpu_memory_fraction": 0.5,
+                                               "decode.max_num_seqs": MAX_DECODE_ROWS,
+                                               "decode.max_num_batched_tokens": MAX_DECODE_ROWS,
+                                               "decode.cuda_graph_batch_sizes": list(GRAPH_BUCKETS)})
+    state, _ = build_shared_state(cfg, share=False)
+    profile = worker_profiles(cfg)["decode"]
+    session = attach_session(state, profile)
+    session.warm_up()
+    if session.graphs is None or session.graphs.bucket(args.batch) is None:
+        raise SystemExit(f"bench decode-overlap: no decode CUDA graph holds {args.batch} rows")
+    device = state.kv_pool.device
+    from bullet_trt.spatial.partitioners import make_partitioner
+    part = make_partitioner("green", device)
+    total = part.total_sms
+    split = SmSplit.whole(total) if args.sms is None else SmSplit(total, total - args.sms)
+    part.prepare("decode", [] if split.prefill is None else [split.prefill])
+    set_num_sms = getattr(session.model.ops, "set_num_sms", None)
+    stream = part.stream(split.prefill)
+    if set_num_sms is not None:
+        set_num_sms(split.sms_of("decode"))
+    with torch.cuda.stream(stream):
+        session.capture_graphs()
+    stream.synchronize()
+    banned = list(state.arch.eos_token_ids)
+    total_steps = 2 * args.steps + args.profile_steps + 8
+
+    def fresh_batch() -> PersistentDecodeBatch:
+        batch = PersistentDecodeBatch(state.block_size, total)
+        batch.apply(DecodeUpdate(joins=decode_rows(args.batch, args.ctx, total_steps, state.block_size,
+                                                   state.num_blocks, banned), split=split))
+        return batch
+
+    report: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "ctx": args.ctx,
+                    "decode_sms": split.sms_of("decode"), "steps": args.steps}
+
+    plain_batch = fresh_batch()
+
+    def plain_step() -> None:
+        ran = plain_batch.runnable()
+        results = session.run([item for _, item in ran])
+        plain_batch.advance(ran, [r.token_id for r in results])
+
+    def timed(step, n: int) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n * 1e3
+
+    with torch.cuda.stream(stream):
+        timed(plain_step, 4)
+        plain_ms = timed(plain_step, args.steps)
+    # the GPU's own time for a step: the graph's replay with its inputs staged, back to back
+    ran = plain_batch.runnable()
+    items = [item for _, item in ran]
+    with torch.cuda.stream(stream):
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        ev[0].record()
+        for _ in range(10):
+            session.launch(items)
+        ev[1].record()
+    ev[1].synchronize()
+    gpu_ms = ev[0].elapsed_time(ev[1]) / 10
+
+    outbox = _Collect()
+    overlap_batch = fresh_batch()
+    overlap = OverlappedDecode(session, device, part, "decode", set_num_sms, overlap_batch, outbox, None)
+    launched: list = []  # each step as launched: its events and its launch's host time
+    step_host_ms: list[float] = []
+
+    def overlapped_step() -> None:
+        t0 = time.perf_counter()
+        overlap.step(overlap_batch.runnable(), [])
+        step_host_ms.append((time.perf_counter() - t0) * 1e3)
+        launched.append(overlap.pending)
+
+    timed(overlapped_step, 4)
+    launched.clear()
+    step_host_ms.clear()
+    overlap_ms = timed(overlapped_step, args.steps)
+    launch_ms = [s.host_ms for s in launched]
+    # a step's call launches the next step, then reports the one before: the rest is the report
+    report_ms = [total - own for total, own in zip(step_host_ms, launch_ms)]
+    windows = [s.began.elapsed_time(s.ended) for s in launched]
+    gaps = [a.ended.elapsed_time(b.began) for a, b in zip(launched, launched[1:])]
+    med = statistics.median
+    report.update(plain_period_ms=round(plain_ms, 3), overlapped_period_ms=round(overlap_ms, 3),
+                  gpu_step_ms=round(gpu_ms, 3), plain_idle_share=round(1 - gpu_ms / plain_ms, 4),
+                  overlapped_idle_share=round(1 - gpu_ms / overlap_ms, 4),
+                  overlapped_over_plain=round(plain_ms / overlap_ms, 4),
+                  overlapped_window_ms_p50=round(med(windows), 3), overlapped_gap_ms_p50=round(med(gaps), 3),
+                  overlapped_launch_host_ms_p50=round(med(launch_ms), 3),
+                  overlapped_report_host_ms_p50=round(med(report_ms), 3))
+    print(json.dumps(report), flush=True)
+
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+        for _ in range(args.profile_steps):
+            overlapped_step()
+        overlap.drain([])
+        torch.cuda.synchronize()
+    table = prof.key_averages(group_by_stack_n=4).table(sort_by="self_cpu_time_total", row_limit=25,
+                                                        max_name_column_width=60)
+    print(f"host time of {args.profile_steps} overlapped steps, by call (self CPU time):\n{table}", flush=True)
+    write_json(args.json, report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
