@@ -19,6 +19,12 @@ What this changes for the rest of the worker's loop:
   sent instead of one, so a prefill that starts at once on its partition may share SMs with a
   decode step on the whole GPU for that much longer (`bench overlap` measures it from the
   iteration log; `serve.prefill_waits_for_split` makes the prefill wait for the new split).
+
+Nothing in a launch may wait for the device, or the launch returns only once its step has run
+and nothing is left to overlap: the banned-token mask did, and this loop lost at load until it
+filled on the device (engine/sampling._ban; `bench decode-overlap` times both loops and lists
+the host's calls). Rows with top-k or top-p still do: their draw checks on the host whether its
+candidates held every nucleus.
 """
 from __future__ import annotations
 
