@@ -7,10 +7,13 @@ one ahead (`decode.overlap_steps`), on one GPU, without a server.
 Both loops are the worker's own code: a persistent decode batch of `--batch` rows (each bans
 its end tokens, as a benchmark's requests do until their min_tokens) stepped by the plain path
 (`TorchSession.run`, then the batch takes the tokens) and by `OverlappedDecode`. Each prints
-its period (host wall time a step) and the GPU's busy share of it (CUDA events around each
-step), so the overlapped loop's gain is the ratio of the periods measured in the same run.
+its period (host wall time a step) against the GPU's own time for a step (steps launched back
+to back), so the overlapped loop's gain is the ratio of the periods measured in the same run.
 With `--sms` the steps run on a green-context partition of that many SMs, as the decode
-worker runs beside a prefill.
+worker runs beside a prefill; the overlapped loop keeps two GPU step clocks, as the worker
+does under an iteration log. Greedy, both loops must pick the same tokens from the same state:
+the command says whether they did (and exits 1 if not), unless the pool is too small for the
+batch's rows to have blocks of their own.
 
 The overlapped loop's own figures: the GPU window of each step and the GPU's idle time between
 steps (CUDA events), and the host time of a launch and of a report (which waits for the step
@@ -30,11 +33,12 @@ from bullet_trt.config import load_engine_config
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.session import BatchItem
 from bullet_trt.engine.shared_state import attach_session, build_shared_state
-from bullet_trt.protocol import DecodeUpdate, SmSplit
+from bullet_trt.protocol import DecodeStep, DecodeUpdate, SmSplit
 from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS
 from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
 from bullet_trt.spatial.overlapped_decode import OverlappedDecode
 from bullet_trt.spatial.session_worker import worker_profiles
+from bullet_trt.spatial.step_clock import GpuStepClock
 from bullet_trt.tools.bench.json_output import write_json
 
 
@@ -82,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                                                "decode.max_num_batched_tokens": MAX_DECODE_ROWS,
                                                "decode.cuda_graph_batch_sizes": list(GRAPH_BUCKETS)})
     state, _ = build_shared_state(cfg, share=False)
+    state.kv_pool.normal_()  # attention reads cached tokens of random data, not zeros
     profile = worker_profiles(cfg)["decode"]
     session = attach_session(state, profile)
     session.warm_up()
@@ -114,10 +119,13 @@ def main(argv: list[str] | None = None) -> int:
 
     plain_batch = fresh_batch()
 
+    plain_tokens: list[list[int]] = []
+
     def plain_step() -> None:
         ran = plain_batch.runnable()
         results = session.run([item for _, item in ran])
-        plain_batch.advance(ran, [r.token_id for r in results])
+        plain_tokens.append([r.token_id for r in results])
+        plain_batch.advance(ran, plain_tokens[-1])
 
     def timed(step, n: int) -> float:
         torch.cuda.synchronize()
@@ -144,7 +152,14 @@ def main(argv: list[str] | None = None) -> int:
 
     outbox = _Collect()
     overlap_batch = fresh_batch()
-    overlap = OverlappedDecode(session, device, part, "decode", set_num_sms, overlap_batch, outbox, None)
+    # two GPU clocks, as the worker has them when the server keeps an iteration log
+    clocks = [GpuStepClock(device), GpuStepClock(device)]
+    with torch.cuda.stream(stream):
+        for clock in clocks:  # its kernel compiled before the timed steps
+            clock.begin()
+            clock.finish()
+    stream.synchronize()
+    overlap = OverlappedDecode(session, device, part, "decode", set_num_sms, overlap_batch, outbox, clocks)
     launched: list = []  # each step as launched: its events and its launch's host time
     step_host_ms: list[float] = []
 
@@ -164,6 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     windows = [s.began.elapsed_time(s.ended) for s in launched]
     gaps = [a.ended.elapsed_time(b.began) for a, b in zip(launched, launched[1:])]
     med = statistics.median
+    # Both loops stepped the same rows from the same state: greedy, they must agree token for
+    # token, unless rows share KV blocks (a pool too small for the batch), which makes them race.
+    per_row = len(plain_batch.rows[0].block_table)
+    reported = [m.token_ids for m in outbox.sent if isinstance(m, DecodeStep)]
+    compared = min(len(reported), len(plain_tokens))  # the last step launched is not reported yet
+    same = (None if args.batch * per_row > state.num_blocks - per_row
+            else reported[:compared] == plain_tokens[:compared])
+    report["same_tokens"] = same
+    report["steps_compared"] = compared if same is not None else 0
     report.update(plain_period_ms=round(plain_ms, 3), overlapped_period_ms=round(overlap_ms, 3),
                   gpu_step_ms=round(gpu_ms, 3), plain_idle_share=round(1 - gpu_ms / plain_ms, 4),
                   overlapped_idle_share=round(1 - gpu_ms / overlap_ms, 4),
@@ -172,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                   overlapped_launch_host_ms_p50=round(med(launch_ms), 3),
                   overlapped_report_host_ms_p50=round(med(report_ms), 3))
     print(json.dumps(report), flush=True)
+    if same is False:
+        print("bench decode-overlap: the overlapped loop's tokens differ from the plain loop's", flush=True)
 
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
@@ -183,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                                                         max_name_column_width=60)
     print(f"host time of {args.profile_steps} overlapped steps, by call (self CPU time):\n{table}", flush=True)
     write_json(args.json, report)
-    return 0
+    return 1 if same is False else 0
 
 
 if __name__ == "__main__":

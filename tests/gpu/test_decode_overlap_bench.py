@@ -1,0 +1,20 @@
+"""`bullet-trt bench decode-overlap` on a small random checkpoint: the decode worker's plain loop
+and its overlapped loop pick the same tokens step for step through the decode graphs, and the
+command reports both loops' periods. Skipped without a GPU (tests/gpu/conftest.py)."""
+from __future__ import annotations
+
+import json
+
+from bullet_trt.tools.bench.decode_overlap import main
+from bullet_trt.tools.build import build_from_checkpoint
+
+
+def test_the_overlapped_loop_picks_the_plain_loops_tokens(checkpoint, tmp_path):
+    engine = build_from_checkpoint(checkpoint("qwen3"), tmp_path / "engine", max_model_len=256, dtype="float32")
+    out = tmp_path / "bench.json"
+    assert main(["--engine-dir", str(engine), "--batch", "24", "--ctx", "40", "--steps", "12",
+                 "--profile-steps", "2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["same_tokens"] is True
+    assert report["steps_compared"] >= 15  # 4 warm-up steps and 12 timed, less the one in flight
+    assert report["plain_period_ms"] > 0 and report["overlapped_period_ms"] > 0
