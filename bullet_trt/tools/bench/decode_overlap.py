@@ -37,6 +37,7 @@ from bullet_trt.protocol import DecodeStep, DecodeUpdate, SmSplit
 from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS
 from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
 from bullet_trt.spatial.overlapped_decode import OverlappedDecode
+from bullet_trt.spatial.partitioners import make_partitioner
 from bullet_trt.spatial.session_worker import worker_profiles
 from bullet_trt.spatial.step_clock import GpuStepClock
 from bullet_trt.tools.bench.json_output import write_json
@@ -93,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     if session.graphs is None or session.graphs.bucket(args.batch) is None:
         raise SystemExit(f"bench decode-overlap: no decode CUDA graph holds {args.batch} rows")
     device = state.kv_pool.device
-    from bullet_trt.spatial.partitioners import make_partitioner
     part = make_partitioner("green", device)
     total = part.total_sms
     split = SmSplit.whole(total) if args.sms is None else SmSplit(total, total - args.sms)
