@@ -238,6 +238,9 @@ class DecodeStep:
     role: str = "decode"
     gpu_window_ns: tuple[int, int] | None = None  # the step on the GPU's clock (WorkerSetup.gpu_clock)
     rows_without_block: int = 0  # rows held out of this step, waiting for a block grant
+    # launched ahead (decode.overlap_steps): the host time of its launch; near the step's own
+    # time, the launch waited for the device and nothing overlapped
+    launch_ms: float | None = None
 
 
 @dataclass

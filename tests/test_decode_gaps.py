@@ -53,3 +53,12 @@ def test_the_command_reads_compressed_logs_and_a_log_without_gpu_stamps_on_the_h
     assert read["clock"] == "host" and read["bands"][0]["gap_p50_ms"] == pytest.approx(3)
     assert main([str(host_only)]) == 0
     assert "(host clock)" in capsys.readouterr().out
+
+
+def test_steps_launched_ahead_report_their_launchs_host_time():
+    """A launch that waited for its step (the twelfth round's overlapped loop) shows as a launch
+    time near the window; plain steps log none and the band reports none."""
+    waited = [step("decode", 600, 36 * i, 36 * i + 34) | {"launch_ms": 33.0 + i} for i in range(3)]
+    (row,) = decode_gaps(waited)
+    assert row["launch_p50_ms"] == pytest.approx(34.0)
+    assert "launch_p50_ms" not in decode_gaps([step("decode", 600, 0, 34), step("decode", 600, 36, 70)])[0]

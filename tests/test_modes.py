@@ -40,8 +40,22 @@ def test_greedy_outputs_identical_across_modes(llama_engine, tmp_path):
         assert set(r) >= {"t", "phase", "batch", "tokens", "prefill_sms", "decode_sms", "waiting"}
     decodes = [r for r in records if r["phase"] == "decode"]
     assert all(r["host_gap_ms"] >= 0 for r in decodes[1:]) and "host_gap_ms" not in decodes[0]
+    assert not any("launch_ms" in r for r in decodes)  # steps one at a time: no launch ahead
     png = plot(records, tmp_path / "split.png")
     assert png.stat().st_size > 1000
+
+
+def test_steps_launched_ahead_log_their_launch_time(llama_engine, tmp_path):
+    """decode.overlap_steps: each decode record carries its launch's host time, which tells a
+    launch that returned at once from one that waited for its step (bench gaps reads it)."""
+    batch = prompts(6, seed=5)
+    chunked, _ = run_mode(llama_engine, "chunked", batch, **{"serve.chunk_size": 32})
+    log = tmp_path / "iterations.jsonl"
+    overlapped, stats = run_mode(llama_engine, "bullet", batch,
+                                 **{"serve.iteration_log": str(log), "decode.overlap_steps": True})
+    assert overlapped == chunked and stats.kv_blocks_free == stats.kv_blocks_total
+    decodes = [r for r in load(log) if r["phase"] == "decode"]
+    assert decodes and all(0 <= r["launch_ms"] <= r["wall_ms"] for r in decodes)
 
 
 def test_prompts_fused_into_decode_steps_give_the_same_outputs(llama_engine, tmp_path):

@@ -548,5 +548,6 @@ class SpatialEngine:
         self.perf.observe("decode", predicted, step.measured_ms, sms)
         self.log.record("decode", step.split, step.start, received, rows, rows, predicted, step.measured_ms,
                         self.queues, host_gap_ms=step.idle_ms, prefill_in_flight=self.prefilling is not None,
-                        gpu_window_ns=step.gpu_window_ns, rows_without_block=step.rows_without_block)
+                        gpu_window_ns=step.gpu_window_ns, rows_without_block=step.rows_without_block,
+                        launch_ms=step.launch_ms)
         return outputs

@@ -141,7 +141,7 @@ class OverlappedDecode:
             left=left, split=step.split, total_ctx=step.total_ctx, start=step.start, measured_ms=measured_ms,
             idle_ms=None, prompt_results=None, prompt_tokens=0,
             gpu_window_ns=step.clock.window_ns() if step.clock is not None else None,
-            rows_without_block=step.rows_without_block))
+            rows_without_block=step.rows_without_block, launch_ms=step.host_ms))
         # rows still in the batch take their token as the next input on the host, for a step
         # that is not fed from this one (after a drain); a step already fed from it has it
         self.batch.feed(step.ran, tokens)
