@@ -7,6 +7,8 @@ graph, and the overlapped decode loop was slower than the plain one (`bullet-trt
 decode-overlap`, 2026-11-27). PyTorch's sync debug mode turns any such wait into an error."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -18,8 +20,9 @@ ROWS = 512
 END_IDS = [128001, 128008, 128009]
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def no_host_sync():
+    """Inside it, an op that makes the host wait for the device raises."""
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -38,24 +41,32 @@ def logits_on_gpu(seed: int) -> torch.Tensor:
     [END_IDS if row % 3 else [] for row in range(ROWS)],
     [[row % 7, 5] if row % 2 else END_IDS for row in range(ROWS)],
 ], ids=["every-row-the-same", "some-rows", "two-lists"])
-def test_the_banned_token_mask_does_not_wait_for_the_device(banned, no_host_sync):
+def test_the_banned_token_mask_does_not_wait_for_the_device(banned):
     logits = logits_on_gpu(0)
     expected = logits.float().clone()
-    for row, ids in enumerate(banned):
+    for row, ids in enumerate(banned):  # the old way, which waits: outside the check
         expected[row, ids] = float("-inf")
-    _ban(logits, banned)
-    torch.cuda.set_sync_debug_mode("default")
+    with no_host_sync():
+        _ban(logits, banned)
     assert torch.equal(logits.float(), expected)
 
 
 @pytest.mark.parametrize("kind", ["greedy", "seeded"])
-def test_a_step_of_banned_rows_samples_without_waiting(kind, no_host_sync):
+def test_a_step_of_banned_rows_samples_without_waiting(kind):
     params = (SamplingParams(temperature=0.0, max_tokens=100, min_tokens=100) if kind == "greedy"
               else SamplingParams(temperature=0.8, seed=3, max_tokens=100, min_tokens=100))
     logits = logits_on_gpu(1)
     scratch = float32_scratch(ROWS, VOCAB, logits.device)
-    batch = SamplingBatch.build([params] * ROWS, [1] * ROWS, [END_IDS] * ROWS, logits.device)
-    tokens, _ = sample(logits, batch, scratch, ops_for(logits.device))
-    torch.cuda.set_sync_debug_mode("default")
+    with no_host_sync():
+        batch = SamplingBatch.build([params] * ROWS, [1] * ROWS, [END_IDS] * ROWS, logits.device)
+        tokens, _ = sample(logits, batch, scratch, ops_for(logits.device))
     picked = tokens.tolist()
     assert len(picked) == ROWS and not set(picked) & set(END_IDS)
+
+
+def test_the_check_catches_the_mask_that_waited():
+    """The sync debug mode sees the wait the old mask made, so the tests above can fail."""
+    logits = logits_on_gpu(2)
+    ids = torch.tensor(END_IDS, device="cuda")
+    with pytest.raises(RuntimeError), no_host_sync():
+        logits[:, ids] = float("-inf")
