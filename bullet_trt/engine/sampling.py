@@ -51,7 +51,7 @@ def row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     return reference.fmix32(key ^ ((steps.long() * 0x632BE5AB) & _MASK32))
 
 
-def _device_tensor(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+def device_tensor(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     # Staged through pinned memory so the copy does not wait for the step still running on
     # the GPU (a copy from pageable memory synchronizes with it).
     t = torch.tensor(values, dtype=dtype)
@@ -89,17 +89,17 @@ class SamplingBatch:
         drawn = [i for i, p in enumerate(params) if not p.greedy and p.top_k == 0 and p.top_p >= 1.0]
         filtered = [i for i, p in enumerate(params) if not p.greedy and (p.top_k > 0 or p.top_p < 1.0)]
         return SamplingBatch(
-            temperature=_device_tensor([0.0 if p.greedy else p.temperature for p in params],
+            temperature=device_tensor([0.0 if p.greedy else p.temperature for p in params],
                                        torch.float32, device),
-            top_k=_device_tensor([p.top_k for p in params], torch.int64, device),
-            top_p=_device_tensor([p.top_p for p in params], torch.float32, device),
-            seeds=_device_tensor(seeds, torch.int64, device),
-            steps=_device_tensor(steps, torch.int64, device),
+            top_k=device_tensor([p.top_k for p in params], torch.int64, device),
+            top_p=device_tensor([p.top_p for p in params], torch.float32, device),
+            seeds=device_tensor(seeds, torch.int64, device),
+            steps=device_tensor(steps, torch.int64, device),
             banned=banned,
             all_greedy=False,
             want_logprobs=want_logprobs,
-            drawn=_device_tensor(drawn, torch.int64, device) if drawn else None,
-            filtered=_device_tensor(filtered, torch.int64, device) if filtered else None,
+            drawn=device_tensor(drawn, torch.int64, device) if drawn else None,
+            filtered=device_tensor(filtered, torch.int64, device) if filtered else None,
             widest_top_k=max((params[i].top_k for i in filtered), default=0),
         )
 
@@ -160,7 +160,7 @@ def _ban(logits: torch.Tensor, banned: list[list[int]]) -> None:
     step launched one ahead had nothing left to overlap. The fill value lives on the device."""
     first = banned[0]
     if first and all(ids == first for ids in banned):  # every row bans the same: no row index
-        logits.index_fill_(1, _device_tensor(first, torch.int64, logits.device), float("-inf"))
+        logits.index_fill_(1, device_tensor(first, torch.int64, logits.device), float("-inf"))
         return
     rows_by_ids: dict[tuple[int, ...], list[int]] = {}
     for row, ids in enumerate(banned):
@@ -170,8 +170,8 @@ def _ban(logits: torch.Tensor, banned: list[list[int]]) -> None:
         return
     minus_inf = logits.new_full((), float("-inf"))
     for ids, rows in rows_by_ids.items():
-        logits.index_put_((_device_tensor(rows, torch.int64, logits.device).unsqueeze(1),
-                           _device_tensor(list(ids), torch.int64, logits.device)), minus_inf)
+        logits.index_put_((device_tensor(rows, torch.int64, logits.device).unsqueeze(1),
+                           device_tensor(list(ids), torch.int64, logits.device)), minus_inf)
 
 
 def _draw_filtered(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

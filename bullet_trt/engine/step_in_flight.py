@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from bullet_trt.engine.sampling import device_tensor
+
 
 @dataclass(slots=True)  # a decode step makes one per row
 class SampleResult:
@@ -39,12 +41,9 @@ class TokenFeed:
         of the current stream."""
         if not self.rows:
             return
-        device = input_ids.device
-        # From pinned memory, so that the copy is queued behind the step in flight instead of
-        # waiting for it (a copy from pageable memory synchronizes the stream)
-        pinned = device.type == "cuda"
-        rows = torch.tensor(self.rows, dtype=torch.long, pin_memory=pinned).to(device, non_blocking=True)
-        src = torch.tensor(self.src, dtype=torch.long, pin_memory=pinned).to(device, non_blocking=True)
+        # through pinned memory: queued behind the step in flight instead of waiting for it
+        rows = device_tensor(self.rows, torch.long, input_ids.device)
+        src = device_tensor(self.src, torch.long, input_ids.device)
         input_ids.index_copy_(0, rows, self.source.index_select(0, src))
 
 
