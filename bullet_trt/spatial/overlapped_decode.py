@@ -36,14 +36,10 @@ from dataclasses import dataclass
 import torch
 
 from bullet_trt.engine.session import BatchItem
-from bullet_trt.engine.step_failure import device_usable
 from bullet_trt.engine.step_in_flight import StepInFlight, TokenFeed
-from bullet_trt.protocol import DecodeStep, DecodeStepFailed, RowsLeft, SmSplit, WorkerFatal
+from bullet_trt.protocol import DecodeStep, RowsLeft, SmSplit
 from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
-
-
-class WorkerBroken(RuntimeError):
-    """The device's context is broken: the worker reported WorkerFatal and must exit."""
+from bullet_trt.spatial.decode_step_failure import fail_decode_step
 
 
 @dataclass
@@ -150,13 +146,5 @@ class OverlappedDecode:
         return []
 
     def _failed(self, ran: list[tuple[int, BatchItem]], trace: str, left: list[int]) -> list[int]:
-        """A step that raised ends its rows with the error (they leave the batch) and the
-        worker steps the others on, unless the device's context is broken."""
-        if not device_usable(self.device):
-            self.outbox.put(WorkerFatal(self.role, trace))
-            raise WorkerBroken(trace)
-        failed = self.batch.drop(ran)
-        if left:
-            self.outbox.put(RowsLeft(left))
-        self.outbox.put(DecodeStepFailed(trace, failed, False))
+        fail_decode_step(self.device, self.role, self.batch, self.outbox, ran, trace, left)
         return []

@@ -35,10 +35,11 @@ from bullet_trt.engine.shared_state import attach_session
 from bullet_trt.engine.step_failure import device_usable
 from bullet_trt.engine.tp_group import TPGroup
 from bullet_trt.engine.tp_ranks import exit_with_parent
-from bullet_trt.protocol import (BatchDone, BatchFailed, DecodeStep, DecodeStepFailed, DecodeUpdate, RowsLeft,
+from bullet_trt.protocol import (BatchDone, BatchFailed, DecodeStep, DecodeUpdate, RowsLeft,
                                  RunBatch, SmSplit, StopWorker, WorkerFatal, WorkerReady, WorkerSetup)
 from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
-from bullet_trt.spatial.overlapped_decode import OverlappedDecode, WorkerBroken
+from bullet_trt.spatial.decode_step_failure import WorkerBroken, fail_decode_step
+from bullet_trt.spatial.overlapped_decode import OverlappedDecode
 from bullet_trt.spatial.partitioners import make_partitioner
 from bullet_trt.spatial.rank_mirror import FollowerOutbox, RankMirror
 from bullet_trt.spatial.step_clock import GpuStepClock
@@ -160,15 +161,7 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                 results, elapsed_ms, start, gpu_window = _timed_run(session, device, part, name, batch.split,
                                                                     set_num_sms, rows + prompts, clock)
             except Exception:
-                trace = traceback.format_exc()
-                if not device_usable(device):
-                    outbox.put(WorkerFatal(name, trace))
-                    return
-                # The rows (and prompts) of the failed step end with the error; the others step on.
-                failed = batch.drop(ran)
-                if left:
-                    outbox.put(RowsLeft(left))
-                outbox.put(DecodeStepFailed(trace, failed, bool(prompts)))
+                fail_decode_step(device, name, batch, outbox, ran, traceback.format_exc(), left, bool(prompts))
                 continue
             row_results = results[:len(rows)]
             tokens = [r.token_id for r in row_results]
@@ -186,7 +179,7 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
             # after the tokens have left: the orchestrator need not wait for the allocator's books
             if memory is not None:
                 memory.after_step(rows, prompts)
-    except WorkerBroken:  # reported to the orchestrator already
+    except WorkerBroken:  # WorkerFatal is sent already
         return
 
 
