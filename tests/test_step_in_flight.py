@@ -56,3 +56,35 @@ def test_a_feed_needs_one_token_per_item(session):
     item = BatchItem("r", [5, 6], 0, [0], SamplingParams(max_tokens=2), True)
     with pytest.raises(ValueError, match="one input token per item"):
         session.launch([item], TokenFeed(torch.zeros(1, dtype=torch.long), [0], [0]))
+
+
+def test_the_overlapped_loop_drains_only_for_a_split_other_than_its_step_in_flights(session):
+    """A turn whose updates take decode to the whole GPU and back (a prefill ends, the next
+    starts on the same partition) leaves the step in flight alone; a turn that ends on
+    another split reports it first, as the split's epoch needs."""
+    from bullet_trt.protocol import DecodeStep, DecodeUpdate, SmSplit
+    from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
+    from bullet_trt.spatial.overlapped_decode import OverlappedDecode
+    from bullet_trt.spatial.partitioners import make_partitioner
+
+    class Outbox(list):
+        put = list.append
+
+    beside, whole = SmSplit(8, 4), SmSplit.whole(8)
+    batch = PersistentDecodeBatch(session.block_size, 8)
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    batch.apply(DecodeUpdate(joins=[(r, BatchItem(f"r{r}", [3 + r], 0, [8 + r], params, True)) for r in range(2)],
+                             split=beside, epoch=1))
+    outbox = Outbox()
+    loop = OverlappedDecode(session, torch.device("cpu"), make_partitioner("none", "cpu"), "decode", None,
+                            batch, outbox, None)
+    loop.step(batch.runnable(), [])
+    assert loop.pending is not None and loop.pending.split == beside and not outbox
+    for split, epoch in ((whole, 2), (beside, 3)):  # one turn: to the whole GPU and back
+        batch.apply(DecodeUpdate(split=split, epoch=epoch))
+    assert loop.settle_on(batch.split, [7]) == [7]
+    assert loop.pending is not None and not outbox  # still in flight: the same split
+    batch.apply(DecodeUpdate(split=whole, epoch=4))
+    assert loop.settle_on(batch.split, [7]) == []
+    assert loop.pending is None
+    assert [type(m) for m in outbox] == [DecodeStep] and outbox[0].left == [7] and outbox[0].split == beside

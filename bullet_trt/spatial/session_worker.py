@@ -118,18 +118,14 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                 outbox.cancel_join_thread()  # orphaned: free the GPU
                 return
             left: list[int] = []
+            new_epoch = 0  # the last split epoch of this turn's updates, published once settled
             for msg in msgs:
                 match msg:
                     case StopWorker():
                         return
                     case DecodeUpdate():
-                        if overlap is not None and msg.split is not None and msg.split != batch.split:
-                            # the epoch below says nothing of this worker runs on the old split
-                            left = overlap.drain(left)
                         left += batch.apply(msg)
-                        if msg.epoch and decode_epoch is not None:
-                            # Between steps: nothing of this worker runs on the old split any more.
-                            decode_epoch.value = msg.epoch
+                        new_epoch = msg.epoch or new_epoch
                     case RunBatch(items=items, split=split, after_decode_epoch=epoch):
                         try:
                             waited_ms = _wait_for_epoch(decode_epoch, epoch, parent)
@@ -143,6 +139,13 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                                 outbox.put(WorkerFatal(name, traceback.format_exc()))
                                 return
                             outbox.put(BatchFailed(name, traceback.format_exc()))
+            if new_epoch:
+                if overlap is not None:
+                    # the epoch below says nothing of this worker runs on the old split
+                    left = overlap.settle_on(batch.split, left)
+                if decode_epoch is not None:
+                    # Between steps: nothing of this worker runs on the old split any more.
+                    decode_epoch.value = new_epoch
             ran = batch.runnable()
             prompts = batch.take_prompts()
             stepped = bool(ran)
