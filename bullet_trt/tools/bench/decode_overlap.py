@@ -193,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
                   overlapped_idle_share=round(1 - gpu_ms / overlap_ms, 4),
                   overlapped_over_plain=round(plain_ms / overlap_ms, 4),
                   overlapped_window_ms_p50=round(med(windows), 3), overlapped_gap_ms_p50=round(med(gaps), 3),
+                  # the means and tails: an idle share the medians do not show lies in a few steps
+                  overlapped_window_ms_mean=round(statistics.fmean(windows), 3),
+                  overlapped_window_ms_max=round(max(windows), 3),
+                  overlapped_gap_ms_mean=round(statistics.fmean(gaps), 3), overlapped_gap_ms_max=round(max(gaps), 3),
+                  overlapped_gaps_over_half_ms=sum(g > 0.5 for g in gaps),
+                  overlapped_gaps_ms_first=[round(g, 3) for g in gaps[:12]],
                   overlapped_launch_host_ms_p50=round(med(launch_ms), 3),
                   overlapped_report_host_ms_p50=round(med(report_ms), 3))
     print(json.dumps(report), flush=True)
