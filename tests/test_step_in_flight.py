@@ -58,10 +58,12 @@ def test_a_feed_needs_one_token_per_item(session):
         session.launch([item], TokenFeed(torch.zeros(1, dtype=torch.long), [0], [0]))
 
 
-def test_the_overlapped_loop_drains_only_for_a_split_other_than_its_step_in_flights(session):
-    """A turn whose updates take decode to the whole GPU and back (a prefill ends, the next
-    starts on the same partition) leaves the step in flight alone; a turn that ends on
-    another split reports it first, as the split's epoch needs."""
+def test_the_overlapped_loop_changes_split_without_draining_and_publishes_the_epoch_after(session):
+    """A new split does not drain the step in flight: the next step is launched on it (on a GPU
+    queued behind the step in flight), and the split's epoch, which lets a prefill start on the
+    SMs the old split gave decode, is published only once the step on the old split is
+    reported. A turn that takes decode to the whole GPU and back (a prefill ends, the next
+    starts on the same partition) publishes at once."""
     from bullet_trt.protocol import DecodeStep, DecodeUpdate, SmSplit
     from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
     from bullet_trt.spatial.overlapped_decode import OverlappedDecode
@@ -75,16 +77,24 @@ def test_the_overlapped_loop_drains_only_for_a_split_other_than_its_step_in_flig
     params = SamplingParams(max_tokens=8, temperature=0.0)
     batch.apply(DecodeUpdate(joins=[(r, BatchItem(f"r{r}", [3 + r], 0, [8 + r], params, True)) for r in range(2)],
                              split=beside, epoch=1))
-    outbox = Outbox()
+    outbox, published = Outbox(), []
     loop = OverlappedDecode(session, torch.device("cpu"), make_partitioner("none", "cpu"), "decode", None,
-                            batch, outbox, None)
+                            batch, outbox, None, publish_epoch=published.append)
     loop.step(batch.runnable(), [])
-    assert loop.pending is not None and loop.pending.split == beside and not outbox
+    first = loop.pending
+    assert first is not None and first.split == beside and not outbox
     for split, epoch in ((whole, 2), (beside, 3)):  # one turn: to the whole GPU and back
         batch.apply(DecodeUpdate(split=split, epoch=epoch))
-    assert loop.settle_on(batch.split, [7]) == [7]
-    assert loop.pending is not None and not outbox  # still in flight: the same split
+    loop.move_to(batch.split, 3)
+    assert published == [3] and loop.pending is first and not outbox  # nothing drained
     batch.apply(DecodeUpdate(split=whole, epoch=4))
-    assert loop.settle_on(batch.split, [7]) == []
-    assert loop.pending is None
-    assert [type(m) for m in outbox] == [DecodeStep] and outbox[0].left == [7] and outbox[0].split == beside
+    loop.move_to(batch.split, 4)
+    assert published == [3] and loop.pending is first and not outbox  # due after the old split's step
+    loop.step(batch.runnable(), [7])
+    assert loop.pending is not first and loop.pending.split == whole
+    assert [type(m) for m in outbox] == [DecodeStep] and outbox[0].split == beside and outbox[0].left == [7]
+    assert published == [3, 4]  # once the step on the old split was reported
+    batch.apply(DecodeUpdate(split=beside, epoch=5))
+    loop.move_to(batch.split, 5)
+    assert loop.drain([]) == [] and published == [3, 4, 5]  # a drain reports it too
+    assert [m.split for m in outbox] == [beside, whole]

@@ -9,10 +9,10 @@ What this changes for the rest of the worker's loop:
   steps a row runs ahead while its leave is on its way.
 - A leave is acknowledged only with the report of a step that ended after the leave was taken
   in: then no step in flight holds the row, whose blocks may go to another sequence.
-- A new split, fused prompts and a worker's last rows drain the step in flight first: a step
-  is fed only from one on the same stream, and the split's epoch is published only when
-  nothing of this worker runs on the old one. The split compared is the one a turn's updates
-  leave, not each update's (`settle_on`).
+- Fused prompts and a worker's last rows drain the step in flight first. A new split does not:
+  the next step is launched on the new split's stream behind a wait for the step in flight's
+  end event, and the split's epoch is published once that step is reported, when nothing of
+  this worker runs on the old split any more (`move_to`).
 - A step's time is taken by CUDA events around it (the host's clock would count the wait for
   the step before), and its window by one of two GPU clocks, one per step in flight.
 - What the orchestrator sends while a step runs reaches the step after next, not the next: a
@@ -33,6 +33,7 @@ import contextlib
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -62,11 +63,13 @@ class LaunchedStep:
 
 class OverlappedDecode:
     def __init__(self, session, device, part, role: str, set_num_sms, batch: PersistentDecodeBatch, outbox,
-                 clocks: list | None, memory=None):
+                 clocks: list | None, memory=None, publish_epoch: Callable[[int], None] | None = None):
         self.session, self.device, self.part, self.role = session, device, part, role
         self.set_num_sms, self.batch, self.outbox, self.memory = set_num_sms, batch, outbox, memory
         self.clocks = clocks or []  # two GPU clocks, or none
         self.pending: LaunchedStep | None = None
+        self.publish_epoch = publish_epoch  # tells the prefill worker which split decode runs at
+        self._epoch_after_report = 0  # a new split's epoch, due once the step on the old one is reported
 
     def step(self, ran: list[tuple[int, BatchItem]], left: list[int]) -> list[int]:
         """Launches a step over `ran`, then reports the step before it (with the leaves in
@@ -84,19 +87,27 @@ class OverlappedDecode:
             self.outbox.put(RowsLeft(left))
         return []
 
-    def settle_on(self, split: SmSplit, left: list[int]) -> list[int]:
-        """Before the next step on `split`: drains the step in flight if it runs on another
-        split (with the leaves in `left`); returns the leaves not yet acknowledged.
+    def move_to(self, split: SmSplit, epoch: int) -> None:
+        """The turn's updates leave the batch on `split`, numbered `epoch`: publishes the epoch
+        now if no step in flight runs on another split, else once that step is reported, which
+        the next `step` or `drain` does; the next step is launched on the new split meanwhile,
+        queued behind the one in flight on the GPU (`_launch`), so the GPU does not wait for
+        the host at a change of split.
 
-        Called once the turn's updates are all applied, not at each update that names a split:
-        a prefill that ends and the next one that starts at once on the same partition send
-        decode to the whole GPU and back within one step, and a drain at the first of them
-        held every such step until the one in flight had ended (2.9 ms of GPU idle each; a
-        quarter of the steps at 512+ rows in the twelfth round's iteration log, every step
-        that rows joined)."""
-        if self.pending is not None and self.pending.split != split:
-            return self.drain(left)
-        return left
+        The split compared is the one the turn's updates leave, not each update's: a prefill
+        that ends and the next that starts at once on the same partition send decode to the
+        whole GPU and back within one turn. Until the thirteenth round of 2026-11-27 each
+        change drained the step in flight first, and those drains were nearly every wait left
+        between overlapped steps (iteration logs: 1098 steps of ~5900 on one H200, 412 of them
+        the to-and-back kind)."""
+        if self.pending is None or self.pending.split == split:
+            self._publish(epoch)
+        else:
+            self._epoch_after_report = epoch
+
+    def _publish(self, epoch: int) -> None:
+        if epoch and self.publish_epoch is not None:
+            self.publish_epoch(epoch)
 
     def drain(self, left: list[int]) -> list[int]:
         """Reports the step in flight, if any, with the leaves in `left`."""
@@ -125,6 +136,13 @@ class OverlappedDecode:
         ended = torch.cuda.Event(enable_timing=True) if cuda else None
         start = time.monotonic()
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            before = self.pending
+            if stream is not None and before is not None and before.ended is not None and before.split != split:
+                # A new split's stream: everything of this step, its staged inputs in the graphs'
+                # shared buffers and its feed, comes after the step in flight on the old stream.
+                stream.wait_event(before.ended)
+                if feed is not None:  # read here, freed with its step: kept from the old stream's reuse
+                    feed.source.record_stream(stream)
             # the events outside the stamps: the step's time holds its window
             if began is not None:
                 began.record()
@@ -139,6 +157,14 @@ class OverlappedDecode:
                             self.batch.waiting_for_block, began, ended, (time.monotonic() - start) * 1e3, clock)
 
     def _report(self, step: LaunchedStep, left: list[int]) -> list[int]:
+        try:
+            return self._report_tokens(step, left)
+        finally:
+            # the step in flight was the last on the old split: it has ended (or failed)
+            epoch, self._epoch_after_report = self._epoch_after_report, 0
+            self._publish(epoch)
+
+    def _report_tokens(self, step: LaunchedStep, left: list[int]) -> list[int]:
         try:
             if step.ended is not None:
                 step.ended.synchronize()

@@ -104,7 +104,8 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
     overlap = None
     if profile.overlap_steps and group is None and hasattr(session, "launch"):
         clocks = [clock, _start_clock(device, part, splits)] if clock is not None else None
-        overlap = OverlappedDecode(session, device, part, name, set_num_sms, batch, outbox, clocks, memory)
+        overlap = OverlappedDecode(session, device, part, name, set_num_sms, batch, outbox, clocks, memory,
+                                   publish_epoch=None if decode_epoch is None else _epoch_publisher(decode_epoch))
     last_step_end: float | None = None
     stepped = False  # whether rows stepped last time round: likely they can step again
     parent = mp.parent_process()
@@ -141,9 +142,8 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                             outbox.put(BatchFailed(name, traceback.format_exc()))
             if new_epoch:
                 if overlap is not None:
-                    # the epoch below says nothing of this worker runs on the old split
-                    left = overlap.settle_on(batch.split, left)
-                if decode_epoch is not None:
+                    overlap.move_to(batch.split, new_epoch)  # published once the old split is done
+                elif decode_epoch is not None:
                     # Between steps: nothing of this worker runs on the old split any more.
                     decode_epoch.value = new_epoch
             ran = batch.runnable()
@@ -184,6 +184,12 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
                 memory.after_step(rows, prompts)
     except WorkerBroken:  # WorkerFatal is sent already
         return
+
+
+def _epoch_publisher(decode_epoch):
+    def publish(epoch: int) -> None:
+        decode_epoch.value = epoch
+    return publish
 
 
 def _wait_for_epoch(decode_epoch, epoch: int, parent, limit_s: float = 5.0) -> float:
