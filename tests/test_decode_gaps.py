@@ -62,3 +62,15 @@ def test_steps_launched_ahead_report_their_launchs_host_time():
     (row,) = decode_gaps(waited)
     assert row["launch_p50_ms"] == pytest.approx(34.0)
     assert "launch_p50_ms" not in decode_gaps([step("decode", 600, 0, 34), step("decode", 600, 36, 70)])[0]
+
+
+def test_the_gaps_before_a_step_on_another_split_are_told_apart():
+    """The overlapped loop drained its step in flight at every change of split (thirteenth
+    round): those gaps show as the share of the gaps' time that came before a step whose
+    decode partition differs from the step before's."""
+    records = [step("decode", 600, 0, 30), step("decode", 600, 33, 63) | {"decode_sms": 84},
+               step("decode", 600, 64, 94) | {"decode_sms": 84}, step("decode", 600, 95, 125)]
+    (row,) = decode_gaps(records)
+    assert row["gap_at_split_share"] == pytest.approx((3 + 1) / (3 + 1 + 1))
+    (same,) = decode_gaps([step("decode", 600, 0, 30), step("decode", 600, 32, 62)])
+    assert same["gap_at_split_share"] == 0.0

@@ -17,6 +17,10 @@ A log without the GPU's stamps (CPU, or one written before them) is read on the 
 instead, each step's window [t, t + measured_ms], which also counts the launch and the wait
 for the step's end; the report names the clock.
 
+The "at split" column: the part of the gaps' time that came before a step on another split
+than the one before it (a change of SM split, which the overlapped loop drained until the
+thirteenth round of 2026-11-27, 2.9 ms each).
+
 Steps launched one ahead (decode.overlap_steps) log their launch's host time too: the launch
 p50 column. It should be a small part of the window; near the whole window, each launch waited
 for its own step on the device and the gaps are what the plain loop's would be (2026-11-27,
@@ -43,7 +47,7 @@ def decode_gaps(records: list[dict], clock: str = "gpu") -> list[dict]:
     timed.sort(key=lambda rw: rw[1][0])
     rows = []
     for low, high in BANDS:
-        windows, gaps, launches = [], [], []
+        windows, gaps, launches, at_split = [], [], [], 0.0
         for (step, (start, end)), after in zip(timed, timed[1:] + [None]):
             if not low <= step["batch"] <= high:
                 continue
@@ -52,6 +56,8 @@ def decode_gaps(records: list[dict], clock: str = "gpu") -> list[dict]:
                 launches.append(step["launch_ms"])
             if after is not None:
                 gaps.append((after[1][0] - end) * 1e3)
+                if after[0]["decode_sms"] != step["decode_sms"]:
+                    at_split += gaps[-1]
         if not windows:
             continue
         window = percentiles(windows, (50, 90))
@@ -60,7 +66,8 @@ def decode_gaps(records: list[dict], clock: str = "gpu") -> list[dict]:
         if gaps:
             gap = percentiles(gaps, (50, 90))
             row |= {"gap_p50_ms": gap["p50"], "gap_p90_ms": gap["p90"],
-                    "gap_share": sum(gaps) / (sum(windows[:len(gaps)]) + sum(gaps))}
+                    "gap_share": sum(gaps) / (sum(windows[:len(gaps)]) + sum(gaps)),
+                    "gap_at_split_share": at_split / sum(gaps) if sum(gaps) > 0 else 0.0}
         if launches:
             row["launch_p50_ms"] = percentiles(launches, (50,))["p50"]
         rows.append(row)
@@ -68,8 +75,9 @@ def decode_gaps(records: list[dict], clock: str = "gpu") -> list[dict]:
 
 
 def _line(name: str, row: dict) -> str:
-    gap = (f"{row['gap_p50_ms']:8.2f} {row['gap_p90_ms']:8.2f} {100 * row['gap_share']:8.1f}%"
-           if "gap_p50_ms" in row else f"{'-':>8} {'-':>8} {'-':>9}")
+    gap = (f"{row['gap_p50_ms']:8.2f} {row['gap_p90_ms']:8.2f} {100 * row['gap_share']:8.1f}% "
+           f"{100 * row['gap_at_split_share']:7.0f}%"
+           if "gap_p50_ms" in row else f"{'-':>8} {'-':>8} {'-':>9} {'-':>8}")
     launch = f"{row['launch_p50_ms']:10.2f}" if "launch_p50_ms" in row else f"{'-':>10}"
     return (f"{name:<40} {row['batch']:>9} {row['steps']:>6} {row['window_p50_ms']:8.2f} "
             f"{row['window_p90_ms']:8.2f} {gap} {launch}")
@@ -89,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=1))
         return 0
     print(f"{'log':<40} {'batch':>9} {'steps':>6} {'win p50':>8} {'win p90':>8} {'gap p50':>8} {'gap p90':>8} "
-          f"{'gap share':>9} {'launch p50':>10}   (ms)")
+          f"{'gap share':>9} {'at split':>8} {'launch p50':>10}   (ms)")
     for path, read in report.items():
         name = path if len(path) <= 40 else "..." + path[-37:]
         for row in read["bands"]:
