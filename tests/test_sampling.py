@@ -76,3 +76,22 @@ def test_candidates_settle_what_sorting_the_whole_row_would(monkeypatch):
     vals, _ = flat.topk(8, dim=-1)
     _, complete = sampling._kept(flat, torch.ones(3), vals, torch.zeros(3, dtype=torch.int64), torch.full((3,), 0.99))
     assert not complete.any()
+
+
+def test_rows_that_all_have_a_top_k_are_settled_by_their_candidates(monkeypatch):
+    """A batch whose filtered rows all have a top-k skips the check whether a nucleus reached
+    past the candidates (a wait for the device on a GPU) and the whole rows' normalizer: its
+    draws are the whole-row sort's. One row of top-p alone brings the check back."""
+    from bullet_trt.engine import sampling
+    g = torch.Generator().manual_seed(9)
+    logits = torch.cat([torch.randn(3, 500, generator=g) * 6, torch.randn(3, 500, generator=g) * 0.1])
+    top_k = [SamplingParams(temperature=0.9, top_k=k, top_p=p, seed=i)
+             for i, (k, p) in enumerate([(5, 1.0), (40, 0.9), (8, 0.5), (300, 0.99), (20, 1.0), (120, 0.95)])]
+    assert not params_batch(top_k, [0] * 6).nucleus_unbounded
+    assert params_batch(top_k[:5] + [SamplingParams(temperature=0.9, top_p=0.9, seed=5)], [0] * 6).nucleus_unbounded
+
+    def draws(candidates: int) -> list[list[int]]:
+        monkeypatch.setattr(sampling, "CANDIDATES", candidates)
+        return [sample(logits.clone(), params_batch(top_k, [step] * 6))[0].tolist() for step in range(30)]
+
+    assert draws(8) == draws(500)  # candidates 300 wide (the widest top-k) against the whole 500

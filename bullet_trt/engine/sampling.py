@@ -76,6 +76,9 @@ class SamplingBatch:
     drawn: torch.Tensor | None = None  # int64: rows drawn from their whole distribution
     filtered: torch.Tensor | None = None  # int64: rows drawn after top-k / top-p
     widest_top_k: int = 0  # the largest top-k among the filtered rows
+    # Whether a filtered row has top-p without top-k: only such a row's nucleus can reach past
+    # its candidates, and only then must the step look at the device for it (`_draw_filtered`).
+    nucleus_unbounded: bool = False
 
     @staticmethod
     def build(params: list[SamplingParams], steps: list[int], banned: list[list[int]],
@@ -101,6 +104,7 @@ class SamplingBatch:
             drawn=device_tensor(drawn, torch.int64, device) if drawn else None,
             filtered=device_tensor(filtered, torch.int64, device) if filtered else None,
             widest_top_k=max((params[i].top_k for i in filtered), default=0),
+            nucleus_unbounded=any(params[i].top_k == 0 for i in filtered),
         )
 
 
@@ -141,7 +145,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, scratch: torch.Tensor | N
             f = batch.filtered
             rows = logits if f.shape[0] == logits.shape[0] else logits[f]  # every row filtered: no copy
             tokens[f] = _draw_filtered(rows, batch.temperature[f].clamp(min=1e-5), batch.top_k[f],
-                                       batch.top_p[f], keys[f], batch.widest_top_k)
+                                       batch.top_p[f], keys[f], batch.widest_top_k, batch.nucleus_unbounded)
     token_logprobs = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1) if logprobs is not None else None
     return tokens, token_logprobs
 
@@ -175,27 +179,32 @@ def _ban(logits: torch.Tensor, banned: list[list[int]]) -> None:
 
 
 def _draw_filtered(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                   keys: torch.Tensor, widest_top_k: int) -> torch.Tensor:
+                   keys: torch.Tensor, widest_top_k: int, nucleus_unbounded: bool = True) -> torch.Tensor:
     """Tokens drawn from rows of logits (R, V) at their temperatures after top-k, then top-p
     over the top-k survivors (the smallest prefix, by probability, whose mass reaches p). A
     row's kept tokens are found among its `CANDIDATES` largest logits (or its top k, if wider),
     so that R rows of a 128k vocabulary need (R, 1024) tensors rather than a sort of every row;
     a row whose nucleus reaches past them (a flat distribution at a top-p near 1) sorts its
     whole row instead. The draw is the Gumbel-max of the kept tokens under the same hashed
-    noise as every other row. (Dividing by a positive temperature keeps the logits' order.)"""
+    noise as every other row. (Dividing by a positive temperature keeps the logits' order.)
+
+    Whether every nucleus lay among the candidates is known on the device only, so checking it
+    waits for the step; rows that all have a top-k (`nucleus_unbounded` false) are settled by
+    their candidates, which hold their top k, and the step queues without waiting. Rows with
+    top-p alone still wait (a launch one ahead gains nothing on their steps)."""
     vocab = logits.shape[1]
     width = min(vocab, max(CANDIDATES, widest_top_k))
     vals, idx = logits.topk(width, dim=-1)  # descending
     temp = temperature.unsqueeze(1)
     scaled = vals / temp
-    kept, complete = _kept(logits, temperature, scaled, top_k, top_p)
+    kept, complete = _kept(logits, temperature, scaled, top_k, top_p, nucleus_unbounded)
     tokens = _gumbel_pick(scaled, idx, kept, keys)
-    if width < vocab and not bool(complete.all()):
+    if width < vocab and nucleus_unbounded and not bool(complete.all()):
         wide = (~complete).nonzero().squeeze(1)
         wide_logits = logits[wide]
         vals, idx = wide_logits.sort(dim=-1, descending=True)
         scaled = vals / temp[wide]
-        kept, _ = _kept(wide_logits, temperature[wide], scaled, top_k[wide], top_p[wide])
+        kept, _ = _kept(wide_logits, temperature[wide], scaled, top_k[wide], top_p[wide], True)
         tokens[wide] = _gumbel_pick(scaled, idx, kept, keys[wide])
     return tokens
 
@@ -204,17 +213,18 @@ CANDIDATES = 1024  # an LM's nucleus at a top-p below ~0.95 lies far inside its 
 
 
 def _kept(logits: torch.Tensor, temperature: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor,
-          top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+          top_p: torch.Tensor, nucleus_unbounded: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(which of each row's candidates `vals` (R, W), its largest logits / temperature in
     descending order, it keeps; whether that settles the row: its kept tokens all lie among
-    the W)."""
+    the W). Without a row of top-p alone (`nucleus_unbounded` false) every row's survivors are
+    among the W, and the whole rows' normalizer is not computed."""
     width, vocab = vals.shape[1], logits.shape[1]
     survivors = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
     in_k = torch.arange(width, device=vals.device).unsqueeze(0) < survivors.unsqueeze(1)
     # top-p weighs the top-k survivors: all of them among the candidates, or the whole row
     # (candidates as wide as the row hold every survivor: no second pass over it)
     norm = torch.logsumexp(vals.masked_fill(~in_k, float("-inf")), dim=-1)
-    if width < vocab:
+    if width < vocab and nucleus_unbounded:
         whole = torch.cat([(logits[i:i + 16] / temperature[i:i + 16].unsqueeze(1)).logsumexp(dim=-1)
                            for i in range(0, logits.shape[0], 16)])  # 16 rows at a time: no (R, V) temporary
         norm = torch.where(survivors <= width, norm, whole)

@@ -51,10 +51,17 @@ def test_the_banned_token_mask_does_not_wait_for_the_device(banned):
     assert torch.equal(logits.float(), expected)
 
 
-@pytest.mark.parametrize("kind", ["greedy", "seeded"])
+KINDS = {
+    "greedy": SamplingParams(temperature=0.0, max_tokens=100, min_tokens=100),
+    "seeded": SamplingParams(temperature=0.8, seed=3, max_tokens=100, min_tokens=100),
+    # a top-k bounds the nucleus within the candidates: nothing to check on the host
+    "top-k-and-top-p": SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=3, max_tokens=100, min_tokens=100),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_a_step_of_banned_rows_samples_without_waiting(kind):
-    params = (SamplingParams(temperature=0.0, max_tokens=100, min_tokens=100) if kind == "greedy"
-              else SamplingParams(temperature=0.8, seed=3, max_tokens=100, min_tokens=100))
+    params = KINDS[kind]
     logits = logits_on_gpu(1)
     scratch = float32_scratch(ROWS, VOCAB, logits.device)
     with no_host_sync():
@@ -70,3 +77,14 @@ def test_the_check_catches_the_mask_that_waited():
     ids = torch.tensor(END_IDS, device="cuda")
     with pytest.raises(RuntimeError), no_host_sync():
         logits[:, ids] = float("-inf")
+
+
+def test_rows_of_top_p_alone_still_wait():
+    """What is left: whether a top-p nucleus reached past the 1024 candidates is read on the
+    host, so such a step waits for the device (engine/sampling._draw_filtered)."""
+    logits = logits_on_gpu(3)
+    scratch = float32_scratch(ROWS, VOCAB, logits.device)
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
+    batch = SamplingBatch.build([params] * ROWS, [1] * ROWS, [[]] * ROWS, logits.device)
+    with pytest.raises(RuntimeError), no_host_sync():
+        sample(logits, batch, scratch, ops_for(logits.device))
