@@ -24,8 +24,8 @@ What this changes for the rest of the worker's loop:
 Nothing in a launch may wait for the device, or the launch returns only once its step has run
 and nothing is left to overlap: the banned-token mask did, and this loop lost at load until it
 filled on the device (engine/sampling._ban; `bench decode-overlap` times both loops and lists
-the host's calls). Rows with top-k or top-p still do: their draw checks on the host whether its
-candidates held every nucleus.
+the host's calls). Rows with top-p and no top-k still do: their draw checks on the host whether
+its candidates held every nucleus (a top-k bounds it, so such rows do not).
 """
 from __future__ import annotations
 
