@@ -56,7 +56,7 @@ def decode_gaps(records: list[dict], clock: str = "gpu") -> list[dict]:
                 launches.append(step["launch_ms"])
             if after is not None:
                 gaps.append((after[1][0] - end) * 1e3)
-                if after[0]["decode_sms"] != step["decode_sms"]:
+                if after[0].get("decode_sms") != step.get("decode_sms"):
                     at_split += gaps[-1]
         if not windows:
             continue
