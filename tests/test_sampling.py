@@ -74,7 +74,7 @@ def test_candidates_settle_what_sorting_the_whole_row_would(monkeypatch):
     assert draws(8) == draws(500)
     # the flat rows' nuclei do not fit 8 candidates: those rows took the whole-row sort
     vals, _ = flat.topk(8, dim=-1)
-    _, complete = sampling._kept(flat, torch.ones(3), vals, torch.zeros(3, dtype=torch.int64), torch.full((3,), 0.99))
+    _, complete, _ = sampling._kept(flat, torch.ones(3), vals, torch.zeros(3, dtype=torch.int64), torch.full((3,), 0.99))
     assert not complete.any()
 
 

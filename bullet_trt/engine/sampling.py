@@ -6,7 +6,8 @@ device. Sampling uses the Gumbel-max form of categorical sampling: argmax(logit_
 G_i = -log(-log(u_i)), picks token i with probability softmax(logits / T)_i, with no softmax
 computed; the draw is one kernel that streams each row's logits once
 (kernels/triton_sample.py; kernels/reference.gumbel_argmax on CPU). Rows with top-k or top-p
-find their kept tokens among their 1024 largest logits (`_draw_filtered`).
+find their kept tokens among their 1024 largest logits (`_draw_filtered`); a nucleus that
+reaches past them is redrawn over the whole row (on a GPU by kernels/triton_sample.nucleus_tail_draw).
 """
 from __future__ import annotations
 
@@ -145,7 +146,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, scratch: torch.Tensor | N
             f = batch.filtered
             rows = logits if f.shape[0] == logits.shape[0] else logits[f]  # every row filtered: no copy
             tokens[f] = _draw_filtered(rows, batch.temperature[f].clamp(min=1e-5), batch.top_k[f],
-                                       batch.top_p[f], keys[f], batch.widest_top_k, batch.nucleus_unbounded)
+                                       batch.top_p[f], keys[f], batch.widest_top_k, batch.nucleus_unbounded, ops)
     token_logprobs = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1) if logprobs is not None else None
     return tokens, token_logprobs
 
@@ -179,7 +180,8 @@ def _ban(logits: torch.Tensor, banned: list[list[int]]) -> None:
 
 
 def _draw_filtered(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                   keys: torch.Tensor, widest_top_k: int, nucleus_unbounded: bool = True) -> torch.Tensor:
+                   keys: torch.Tensor, widest_top_k: int, nucleus_unbounded: bool = True,
+                   ops=reference) -> torch.Tensor:
     """Tokens drawn from rows of logits (R, V) at their temperatures after top-k, then top-p
     over the top-k survivors (the smallest prefix, by probability, whose mass reaches p). A
     row's kept tokens are found among its `CANDIDATES` largest logits (or its top k, if wider),
@@ -188,23 +190,31 @@ def _draw_filtered(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     whole row instead. The draw is the Gumbel-max of the kept tokens under the same hashed
     noise as every other row. (Dividing by a positive temperature keeps the logits' order.)
 
-    Whether every nucleus lay among the candidates is known on the device only, so checking it
-    waits for the step; rows that all have a top-k (`nucleus_unbounded` false) are settled by
-    their candidates, which hold their top k, and the step queues without waiting. Rows with
-    top-p alone still wait (a launch one ahead gains nothing on their steps)."""
+    Nothing here waits for the device where `ops` has a kernel for the rows whose nucleus
+    outgrew the candidates (`nucleus_tail_draw`, Triton's on a GPU): it redraws them in place,
+    and a settled row's program returns at once. Without one (the torch reference), which rows
+    to sort whole is read on the host, a wait for the step; rows that all have a top-k
+    (`nucleus_unbounded` false) are settled by their candidates, which hold their top k, and
+    need neither."""
     vocab = logits.shape[1]
     width = min(vocab, max(CANDIDATES, widest_top_k))
     vals, idx = logits.topk(width, dim=-1)  # descending
     temp = temperature.unsqueeze(1)
     scaled = vals / temp
-    kept, complete = _kept(logits, temperature, scaled, top_k, top_p, nucleus_unbounded)
+    kept, complete, norm = _kept(logits, temperature, scaled, top_k, top_p, nucleus_unbounded)
     tokens = _gumbel_pick(scaled, idx, kept, keys)
-    if width < vocab and nucleus_unbounded and not bool(complete.all()):
+    if not (width < vocab and nucleus_unbounded):
+        return tokens
+    tail_draw = getattr(ops, "nucleus_tail_draw", None)
+    if tail_draw is not None:
+        tail_draw(logits, temperature, top_p, keys, norm, scaled[:, -1].contiguous(), complete, tokens)
+        return tokens
+    if not bool(complete.all()):
         wide = (~complete).nonzero().squeeze(1)
         wide_logits = logits[wide]
         vals, idx = wide_logits.sort(dim=-1, descending=True)
         scaled = vals / temp[wide]
-        kept, _ = _kept(wide_logits, temperature[wide], scaled, top_k[wide], top_p[wide], True)
+        kept, _, _ = _kept(wide_logits, temperature[wide], scaled, top_k[wide], top_p[wide], True)
         tokens[wide] = _gumbel_pick(scaled, idx, kept, keys[wide])
     return tokens
 
@@ -213,11 +223,12 @@ CANDIDATES = 1024  # an LM's nucleus at a top-p below ~0.95 lies far inside its 
 
 
 def _kept(logits: torch.Tensor, temperature: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor,
-          top_p: torch.Tensor, nucleus_unbounded: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+          top_p: torch.Tensor, nucleus_unbounded: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(which of each row's candidates `vals` (R, W), its largest logits / temperature in
     descending order, it keeps; whether that settles the row: its kept tokens all lie among
-    the W). Without a row of top-p alone (`nucleus_unbounded` false) every row's survivors are
-    among the W, and the whole rows' normalizer is not computed."""
+    the W; the log-normalizer its top-p weighs by). Without a row of top-p alone
+    (`nucleus_unbounded` false) every row's survivors are among the W, and the whole rows'
+    normalizer is not computed."""
     width, vocab = vals.shape[1], logits.shape[1]
     survivors = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
     in_k = torch.arange(width, device=vals.device).unsqueeze(0) < survivors.unsqueeze(1)
@@ -233,7 +244,7 @@ def _kept(logits: torch.Tensor, temperature: torch.Tensor, vals: torch.Tensor, t
     kept = in_k & (mass_before < top_p.unsqueeze(1))
     kept[:, 0] = True
     complete = (survivors <= width) | (mass_before[:, -1] + probs[:, -1] >= top_p)
-    return kept, complete
+    return kept, complete, norm
 
 
 def _gumbel_pick(vals: torch.Tensor, idx: torch.Tensor, kept: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

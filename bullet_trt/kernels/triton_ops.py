@@ -32,11 +32,12 @@ import triton.language as tl
 from bullet_trt.kernels.metadata import AttentionMetadata
 from bullet_trt.kernels.triton_dot import UPCAST_DOT, mm
 from bullet_trt.kernels.triton_moe import compile_moe_variants, fused_moe, moe_route
-from bullet_trt.kernels.triton_sample import gumbel_argmax
+from bullet_trt.kernels.triton_sample import gumbel_argmax, nucleus_tail_draw
 
 __all__ = ["rms_norm", "add_rms_norm", "silu_and_mul", "apply_rope", "write_kv_cache",
            "paged_attention", "set_num_sms", "get_num_sms", "decode_splits_for",
-           "compile_decode_variants", "moe_route", "fused_moe", "compile_moe_variants", "gumbel_argmax"]
+           "compile_decode_variants", "moe_route", "fused_moe", "compile_moe_variants", "gumbel_argmax",
+           "nucleus_tail_draw"]
 
 LOG2E = 1.4426950408889634
 

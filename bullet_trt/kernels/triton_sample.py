@@ -64,3 +64,82 @@ def gumbel_argmax(logits: torch.Tensor, rows: torch.Tensor, temperature: torch.T
     _gumbel_argmax_kernel[(rows.shape[0],)](logits, logits.stride(0), rows, temperature, keys, out,
                                             logits.shape[1], BLOCK=BLOCK)
     return out
+
+
+@triton.jit
+def _nucleus_tail_kernel(logits_ptr, stride_row, temp_ptr, top_p_ptr, keys_ptr, norm_ptr, hi_ptr, complete_ptr,
+                         tokens_ptr, vocab, BLOCK: tl.constexpr, ROUNDS: tl.constexpr):
+    i = tl.program_id(0)
+    if tl.load(complete_ptr + i) == 0:
+        temp = tl.load(temp_ptr + i).to(tl.float32)
+        top_p = tl.load(top_p_ptr + i).to(tl.float32)
+        key = tl.load(keys_ptr + i).to(tl.uint64)
+        norm = tl.load(norm_ptr + i).to(tl.float32)
+        base = logits_ptr + i.to(tl.int64) * stride_row
+        offs = tl.arange(0, BLOCK)
+        # below every finite scaled logit: the mass above it is the whole row's, at least top_p
+        low = tl.full([BLOCK], float("inf"), tl.float32)
+        for start in range(0, vocab, BLOCK):
+            v = start + offs
+            s = tl.div_rn(tl.load(base + v, mask=v < vocab, other=float("inf")).to(tl.float32), temp)
+            low = tl.minimum(low, tl.where(s > float("-inf"), s, float("inf")))
+        lo = tl.min(low, axis=0) - 1.0
+        # the last of the candidates: kept, so the mass above it is below top_p
+        hi = tl.load(hi_ptr + i).to(tl.float32)
+        settled = lo >= hi  # no scaled logit strictly between lo and hi: each is kept or not
+        for _ in range(ROUNDS):
+            if settled == 0:
+                mid = lo + (hi - lo) * 0.5
+                above = tl.zeros([BLOCK], tl.float32)
+                between = tl.zeros([BLOCK], tl.int32)
+                for start in range(0, vocab, BLOCK):
+                    v = start + offs
+                    s = tl.div_rn(tl.load(base + v, mask=v < vocab, other=float("-inf")).to(tl.float32), temp)
+                    above += tl.where(s > mid, tl.exp(s - norm), 0.0)
+                    between += ((s > lo) & (s < hi)).to(tl.int32)
+                settled = (tl.sum(between, axis=0) == 0) | (mid <= lo) | (mid >= hi)
+                if settled == 0:
+                    if tl.sum(above, axis=0) < top_p:
+                        hi = mid
+                    else:
+                        lo = mid
+        # the kept tokens are those at or above hi: the Gumbel-max among them, as the reference's
+        best = tl.full([BLOCK], float("-inf"), tl.float64)
+        best_idx = tl.zeros([BLOCK], tl.int64)
+        for start in range(0, vocab, BLOCK):
+            v = start + offs
+            inside = v < vocab
+            s = tl.div_rn(tl.load(base + v, mask=inside, other=float("-inf")).to(tl.float32), temp)
+            h = (v.to(tl.uint64) * 0x27D4EB2F) & 0xFFFFFFFF
+            h = _fmix32(_fmix32(key ^ h) ^ key)
+            u = (h.to(tl.float64) + 0.5) / 4294967296.0
+            g = s.to(tl.float64) - tl.log(-tl.log(u))
+            g = tl.where(inside & (s >= hi), g, float("-inf"))
+            better = g > best
+            best = tl.where(better, g, best)
+            best_idx = tl.where(better, v.to(tl.int64), best_idx)
+        top = tl.max(best, axis=0)
+        tl.store(tokens_ptr + i, tl.min(tl.where(best == top, best_idx, vocab), axis=0))
+
+
+def nucleus_tail_draw(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, keys: torch.Tensor,
+                      norm: torch.Tensor, last_candidate: torch.Tensor, complete: torch.Tensor,
+                      tokens: torch.Tensor) -> None:
+    """Redraws, in `tokens`, each row of `logits` (R, V) whose top-p nucleus reached past its
+    candidates (`complete` false): the row's kept tokens are those whose scaled logit has less
+    than top_p of the row's probability above it (engine/sampling._kept's rule), found without
+    sorting the row by bisecting on the threshold between the row's lowest scaled logit and its
+    last candidate's (`last_candidate`, kept), one pass over the row a round, until no scaled
+    logit lies strictly between the bounds (some 20-40 rounds for a 128k vocabulary); then the
+    Gumbel-max among those at or above the upper bound under the row's key. `norm`: each row's
+    log-normalizer of logits / temperature. A settled row's program returns at once, so the
+    call queues on the device and nothing waits for it: the sort it replaces needed the host to
+    know which rows to sort. (The threshold's masses are summed in another order than the
+    sort's running sum; they can disagree only on a token whose preceding mass is within
+    float32 rounding of top_p.)"""
+    if logits.shape[0] == 0:
+        return
+    assert logits.stride(1) == 1, "the kernel reads each row's logits contiguously"
+    _nucleus_tail_kernel[(logits.shape[0],)](logits, logits.stride(0), temperature, top_p, keys, norm,
+                                             last_candidate, complete.to(torch.int8), tokens, logits.shape[1],
+                                             BLOCK=BLOCK, ROUNDS=96)

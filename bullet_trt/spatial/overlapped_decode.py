@@ -24,8 +24,9 @@ What this changes for the rest of the worker's loop:
 Nothing in a launch may wait for the device, or the launch returns only once its step has run
 and nothing is left to overlap: the banned-token mask did, and this loop lost at load until it
 filled on the device (engine/sampling._ban; `bench decode-overlap` times both loops and lists
-the host's calls). Rows with top-p and no top-k still do: their draw checks on the host whether
-its candidates held every nucleus (a top-k bounds it, so such rows do not).
+the host's calls). Rows with top-p did too until a kernel redrew the nuclei that outgrow their
+candidates on the device (kernels/triton_sample.nucleus_tail_draw); with the torch reference
+(CPU) they still read on the host which rows to sort whole.
 """
 from __future__ import annotations
 

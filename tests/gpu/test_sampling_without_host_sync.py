@@ -56,6 +56,9 @@ KINDS = {
     "seeded": SamplingParams(temperature=0.8, seed=3, max_tokens=100, min_tokens=100),
     # a top-k bounds the nucleus within the candidates: nothing to check on the host
     "top-k-and-top-p": SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=3, max_tokens=100, min_tokens=100),
+    # a nucleus past the 1024 candidates is redrawn by a kernel on the device (flat random
+    # logits at top-p 0.9: every row's is)
+    "top-p": SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=100, min_tokens=100),
 }
 
 
@@ -78,13 +81,3 @@ def test_the_check_catches_the_mask_that_waited():
     with pytest.raises(RuntimeError), no_host_sync():
         logits[:, ids] = float("-inf")
 
-
-def test_rows_of_top_p_alone_still_wait():
-    """What is left: whether a top-p nucleus reached past the 1024 candidates is read on the
-    host, so such a step waits for the device (engine/sampling._draw_filtered)."""
-    logits = logits_on_gpu(3)
-    scratch = float32_scratch(ROWS, VOCAB, logits.device)
-    params = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
-    batch = SamplingBatch.build([params] * ROWS, [1] * ROWS, [[]] * ROWS, logits.device)
-    with pytest.raises(RuntimeError), no_host_sync():
-        sample(logits, batch, scratch, ops_for(logits.device))

@@ -56,3 +56,31 @@ def test_no_rows_no_launch():
     out = triton_sample.gumbel_argmax(torch.zeros(2, VOCAB, device=DEV), torch.empty(0, dtype=torch.int64, device=DEV),
                                       torch.empty(0, device=DEV), torch.empty(0, dtype=torch.int64, device=DEV))
     assert out.shape == (0,)
+
+
+def test_the_nucleus_tail_kernel_draws_what_sorting_the_whole_row_draws(monkeypatch):
+    """Rows whose top-p nucleus reaches past their candidates: the kernel (a threshold found by
+    bisection, no sort, nothing read on the host) keeps the tokens the whole-row sort keeps and
+    draws the same one; rows the candidates settle are left as they were drawn."""
+    from types import SimpleNamespace
+
+    from bullet_trt.engine import sampling
+
+    g = torch.Generator().manual_seed(5)
+    peaked = torch.randn(3, VOCAB, generator=g) * 6  # nuclei of a few tokens: settled by 16 candidates
+    flat = torch.randn(5, VOCAB, generator=g) * 0.3  # nuclei of most of the row
+    logits = torch.cat([peaked, flat]).to(DEV)
+    logits[4, ::5] = float("-inf")  # banned tokens, as sampling sets them
+    temperature = torch.tensor([1.0, 0.7, 1.2, 1.0, 0.9, 1.5, 0.6, 1.0], device=DEV)
+    top_p = torch.tensor([0.5, 0.9, 0.95, 0.9, 0.99, 0.5, 0.8, 0.999], device=DEV)
+    top_k = torch.zeros(8, dtype=torch.int64, device=DEV)
+    monkeypatch.setattr(sampling, "CANDIDATES", 16)
+    kernel = SimpleNamespace(nucleus_tail_draw=triton_sample.nucleus_tail_draw)
+    for step in range(6):
+        keys = keys_for(8, 10 + step)
+        got = sampling._draw_filtered(logits, temperature, top_k, top_p, keys, 0, True, kernel)
+        want = sampling._draw_filtered(logits, temperature, top_k, top_p, keys, 0, True, ref)
+        assert got.tolist() == want.tolist()
+    vals, _ = (logits / temperature.unsqueeze(1)).topk(16, dim=-1)
+    _, complete, _ = sampling._kept(logits, temperature, vals, top_k, top_p)
+    assert complete[:3].all() and not complete[3:].any()  # both kinds of rows were drawn
