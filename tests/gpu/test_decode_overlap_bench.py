@@ -18,3 +18,19 @@ def test_the_overlapped_loop_picks_the_plain_loops_tokens(checkpoint, tmp_path):
     assert report["same_tokens"] is True
     assert report["steps_compared"] >= 15  # 4 warm-up steps and 12 timed, less the one in flight
     assert report["plain_period_ms"] > 0 and report["overlapped_period_ms"] > 0
+
+
+def test_the_overlapped_loop_launches_across_a_change_of_split(checkpoint, tmp_path):
+    """Every third step decode moves between a green partition and the whole GPU, as a server's
+    prefills start and end: the overlapped loop launches the next step on the new partition's
+    stream behind the one in flight (no drain), its tokens fed from that step across the two
+    streams, and both loops still pick the same tokens."""
+    import torch
+
+    engine = build_from_checkpoint(checkpoint("qwen3"), tmp_path / "engine", max_model_len=256, dtype="float32")
+    out = tmp_path / "bench.json"
+    sms = torch.cuda.get_device_properties(0).multi_processor_count - 24
+    assert main(["--engine-dir", str(engine), "--batch", "24", "--ctx", "40", "--steps", "12", "--sms", str(sms),
+                 "--switch-every", "3", "--profile-steps", "2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["switch_every"] == 3 and report["same_tokens"] is True and report["steps_compared"] >= 15

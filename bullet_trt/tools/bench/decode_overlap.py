@@ -2,7 +2,7 @@
 one ahead (`decode.overlap_steps`), on one GPU, without a server.
 
     bullet-trt bench decode-overlap --engine-dir engines/llama-3.1-8b [--batch 512] [--ctx 512]
-        [--steps 60] [--sms 108] [--json out.json]
+        [--steps 60] [--sms 108 [--switch-every 4]] [--json out.json]
 
 Both loops are the worker's own code: a persistent decode batch of `--batch` rows (each bans
 its end tokens, as a benchmark's requests do until their min_tokens) stepped by the plain path
@@ -11,7 +11,11 @@ its period (host wall time a step) against the GPU's own time for a step (steps 
 to back), so the overlapped loop's gain is the ratio of the periods measured in the same run.
 With `--sms` the steps run on a green-context partition of that many SMs, as the decode
 worker runs beside a prefill; the overlapped loop keeps two GPU step clocks, as the worker
-does under an iteration log. Greedy, both loops must pick the same tokens from the same state:
+does under an iteration log. With `--switch-every N` decode moves between that partition and
+the whole GPU every N steps in both loops, as a server's prefills start and end: the overlapped
+loop then launches each step after a change on the new partition's stream, queued behind the
+step in flight on the old one (`OverlappedDecode.move_to`). Greedy, both loops must pick the
+same tokens from the same state:
 the command says whether they did (and exits 1 if not), unless the pool is too small for the
 batch's rows to have blocks of their own.
 
@@ -76,11 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--sms", type=int, default=None, help="decode's partition (green context); default: whole GPU")
+    ap.add_argument("--switch-every", type=int, default=0,
+                    help="with --sms: move decode between its partition and the whole GPU every N steps, as a "
+                         "server's prefills start and end (the overlapped loop launches across the change)")
     ap.add_argument("--profile-steps", type=int, default=6)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench decode-overlap needs a CUDA GPU")
+    if args.switch_every and args.sms is None:
+        raise SystemExit("bench decode-overlap: --switch-every needs --sms (the partition to switch with)")
 
     # decode slots and graphs as a GPU server sizes them (engine.yaml's suit a CPU)
     cfg = load_engine_config(args.engine_dir, {"kv.gpu_memory_fraction": 0.5,
@@ -98,14 +107,20 @@ def main(argv: list[str] | None = None) -> int:
     part = make_partitioner("green", device)
     total = part.total_sms
     split = SmSplit.whole(total) if args.sms is None else SmSplit(total, total - args.sms)
-    part.prepare("decode", [] if split.prefill is None else [split.prefill])
+    splits = [split, SmSplit.whole(total)] if args.switch_every else [split]
+    part.prepare("decode", [s.prefill for s in splits if s.prefill is not None])
     set_num_sms = getattr(session.model.ops, "set_num_sms", None)
+    for s in reversed(splits):  # each split's stream its graphs, as the worker captures them; the first last
+        if set_num_sms is not None:
+            set_num_sms(s.sms_of("decode"))
+        with torch.cuda.stream(part.stream(s.prefill)):
+            session.capture_graphs()
+        part.stream(s.prefill).synchronize()
     stream = part.stream(split.prefill)
-    if set_num_sms is not None:
-        set_num_sms(split.sms_of("decode"))
-    with torch.cuda.stream(stream):
-        session.capture_graphs()
-    stream.synchronize()
+
+    def split_of(step: int) -> SmSplit:
+        """The split of a loop's step: both loops step on the same splits in the same order."""
+        return splits[(step // args.switch_every) % 2] if args.switch_every else split
     # as the worker does once started: a full collection walking the model's and the graphs'
     # objects pauses the host for tens of milliseconds, in whichever loop it falls
     freeze_startup_objects()
@@ -119,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return batch
 
     report: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "ctx": args.ctx,
-                    "decode_sms": split.sms_of("decode"), "steps": args.steps}
+                    "decode_sms": split.sms_of("decode"), "steps": args.steps, "switch_every": args.switch_every}
 
     plain_batch = fresh_batch()
 
@@ -127,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def plain_step() -> None:
         ran = plain_batch.runnable()
-        results = session.run([item for _, item in ran])
+        now = split_of(len(plain_tokens))
+        if set_num_sms is not None:
+            set_num_sms(now.sms_of("decode"))
+        with torch.cuda.stream(part.stream(now.prefill)):  # the step before was read: nothing in flight
+            results = session.run([item for _, item in ran])
         plain_tokens.append([r.token_id for r in results])
         plain_batch.advance(ran, plain_tokens[-1])
 
@@ -145,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     # the GPU's own time for a step: the graph's replay with its inputs staged, back to back
     ran = plain_batch.runnable()
     items = [item for _, item in ran]
+    if set_num_sms is not None:
+        set_num_sms(split.sms_of("decode"))
     with torch.cuda.stream(stream):
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
         ev[0].record()
@@ -167,8 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     launched: list = []  # each step as launched: its events and its launch's host time
     step_host_ms: list[float] = []
 
+    launches = [0]  # the overlapped loop's steps so far, warm-up and profile included
+
     def overlapped_step() -> None:
         t0 = time.perf_counter()
+        now = split_of(launches[0])
+        if now != overlap_batch.split:  # as a server's update moves the worker's batch
+            overlap_batch.apply(DecodeUpdate(split=now, epoch=launches[0] + 1))
+            overlap.move_to(now, launches[0] + 1)
+        launches[0] += 1
         overlap.step(overlap_batch.runnable(), [])
         step_host_ms.append((time.perf_counter() - t0) * 1e3)
         launched.append(overlap.pending)
