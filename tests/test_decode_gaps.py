@@ -74,3 +74,19 @@ def test_the_gaps_before_a_step_on_another_split_are_told_apart():
     assert row["gap_at_split_share"] == pytest.approx((3 + 1) / (3 + 1 + 1))
     (same,) = decode_gaps([step("decode", 600, 0, 30), step("decode", 600, 32, 62)])
     assert same["gap_at_split_share"] == 0.0
+
+
+def test_the_sm_time_a_log_held_per_phase():
+    """A prefill on 48 SMs beside decode on the other 84, then decode alone on all 132, idle a
+    tenth of the time: the shares are each phase's SM-time over the GPU's."""
+    from bullet_trt.tools.bench.sm_time import sm_time_shares
+
+    records = [step("prefill", 4, 0, 50) | {"sms": 48, "prefill_sms": 48, "decode_sms": 0},
+               step("decode", 300, 0, 50) | {"sms": 84, "prefill_sms": 48, "decode_sms": 84},
+               step("decode", 300, 50, 90) | {"sms": 132},
+               step("decode", 300, 100, 100.001)]
+    held = sm_time_shares(records, middle=(0.0, 1.0))
+    span = 100.001 * 132
+    assert held["sms"] == 132
+    assert held["prefill"] == pytest.approx(50 * 48 / span) and held["decode"] == pytest.approx((50 * 84 + 40 * 132 + 0.001 * 132) / span)
+    assert sm_time_shares([{**r, "sms": 0} for r in records]) is None  # a CPU log: no SM counts

@@ -17,6 +17,8 @@ A log without the GPU's stamps (CPU, or one written before them) is read on the 
 instead, each step's window [t, t + measured_ms], which also counts the launch and the wait
 for the step's end; the report names the clock.
 
+Under the table, per log, the share of the GPU's SM-time its steps held (bench/sm_time.py).
+
 The "at split" column: the part of the gaps' time that came before a step on another split
 than the one before it (a change of SM split, which the overlapped loop drained until the
 thirteenth round of 2026-11-27, 2.9 ms each).
@@ -34,6 +36,7 @@ import sys
 
 from bullet_trt.tools.bench.iteration_records import has_gpu_stamps, load, step_windows
 from bullet_trt.tools.bench.metrics import percentiles
+from bullet_trt.tools.bench.sm_time import sm_time_shares
 
 BANDS = ((1, 63), (64, 255), (256, 511), (512, 1 << 30))
 
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.logs:
         records = load(path)
         clock = "gpu" if has_gpu_stamps(records) else "host"
-        report[path] = {"clock": clock, "bands": decode_gaps(records, clock)}
+        report[path] = {"clock": clock, "bands": decode_gaps(records, clock), "sm_time": sm_time_shares(records, clock)}
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
@@ -102,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         name = path if len(path) <= 40 else "..." + path[-37:]
         for row in read["bands"]:
             print(_line(name, row) + ("" if read["clock"] == "gpu" else "   (host clock)"))
+        if read["sm_time"]:
+            held = read["sm_time"]
+            print(f"{name:<40} SM-time held over the middle 80% of the log: prefill {100 * held['prefill']:.1f}%, "
+                  f"decode {100 * held['decode']:.1f}% of {held['sms']} SMs (bench/sm_time.py)")
     return 0
 
 
