@@ -27,6 +27,15 @@ def _fmix32(h):
 
 
 @triton.jit
+def _gumbel_noise(v, key):
+    """-log(-log(u)) in float64 for vocabulary indices v under a row's key (reference.gumbel_noise)."""
+    h = (v.to(tl.uint64) * 0x27D4EB2F) & 0xFFFFFFFF
+    h = _fmix32(_fmix32(key ^ h) ^ key)
+    u = (h.to(tl.float64) + 0.5) / 4294967296.0
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
 def _gumbel_argmax_kernel(logits_ptr, stride_row, rows_ptr, temp_ptr, keys_ptr, out_ptr, vocab,
                           BLOCK: tl.constexpr):
     i = tl.program_id(0)
@@ -40,11 +49,8 @@ def _gumbel_argmax_kernel(logits_ptr, stride_row, rows_ptr, temp_ptr, keys_ptr, 
         v = start + offs
         inside = v < vocab
         x = tl.load(logits_ptr + row * stride_row + v, mask=inside, other=float("-inf")).to(tl.float32)
-        h = (v.to(tl.uint64) * 0x27D4EB2F) & 0xFFFFFFFF
-        h = _fmix32(_fmix32(key ^ h) ^ key)
-        u = (h.to(tl.float64) + 0.5) / 4294967296.0
         # round-to-nearest division, as torch's: fp32 `/` may lower to an approximate one
-        g = tl.div_rn(x, temp).to(tl.float64) - tl.log(-tl.log(u))
+        g = tl.div_rn(x, temp).to(tl.float64) + _gumbel_noise(v, key)
         g = tl.where(inside, g, float("-inf"))
         better = g > best  # strictly: within a lane the earlier index stays on a tie
         best = tl.where(better, g, best)
@@ -110,11 +116,7 @@ def _nucleus_tail_kernel(logits_ptr, stride_row, temp_ptr, top_p_ptr, keys_ptr, 
             v = start + offs
             inside = v < vocab
             s = tl.div_rn(tl.load(base + v, mask=inside, other=float("-inf")).to(tl.float32), temp)
-            h = (v.to(tl.uint64) * 0x27D4EB2F) & 0xFFFFFFFF
-            h = _fmix32(_fmix32(key ^ h) ^ key)
-            u = (h.to(tl.float64) + 0.5) / 4294967296.0
-            g = s.to(tl.float64) - tl.log(-tl.log(u))
-            g = tl.where(inside & (s >= hi), g, float("-inf"))
+            g = tl.where(inside & (s >= hi), s.to(tl.float64) + _gumbel_noise(v, key), float("-inf"))
             better = g > best
             best = tl.where(better, g, best)
             best_idx = tl.where(better, v.to(tl.int64), best_idx)
