@@ -36,6 +36,13 @@ def _gumbel_noise(v, key):
 
 
 @triton.jit
+def _scaled(base, v, vocab, temp, other):
+    """A row's logits at indices v over its temperature (`other` past the row's end), divided
+    round-to-nearest, as torch's `/` is: fp32 `/` may lower to an approximate one."""
+    return tl.div_rn(tl.load(base + v, mask=v < vocab, other=other).to(tl.float32), temp)
+
+
+@triton.jit
 def _gumbel_argmax_kernel(logits_ptr, stride_row, rows_ptr, temp_ptr, keys_ptr, out_ptr, vocab,
                           BLOCK: tl.constexpr):
     i = tl.program_id(0)
@@ -87,7 +94,7 @@ def _nucleus_tail_kernel(logits_ptr, stride_row, temp_ptr, top_p_ptr, keys_ptr, 
         low = tl.full([BLOCK], float("inf"), tl.float32)
         for start in range(0, vocab, BLOCK):
             v = start + offs
-            s = tl.div_rn(tl.load(base + v, mask=v < vocab, other=float("inf")).to(tl.float32), temp)
+            s = _scaled(base, v, vocab, temp, float("inf"))
             low = tl.minimum(low, tl.where(s > float("-inf"), s, float("inf")))
         lo = tl.min(low, axis=0) - 1.0
         # the last of the candidates: kept, so the mass above it is below top_p
@@ -100,7 +107,7 @@ def _nucleus_tail_kernel(logits_ptr, stride_row, temp_ptr, top_p_ptr, keys_ptr, 
                 between = tl.zeros([BLOCK], tl.int32)
                 for start in range(0, vocab, BLOCK):
                     v = start + offs
-                    s = tl.div_rn(tl.load(base + v, mask=v < vocab, other=float("-inf")).to(tl.float32), temp)
+                    s = _scaled(base, v, vocab, temp, float("-inf"))
                     above += tl.where(s > mid, tl.exp(s - norm), 0.0)
                     between += ((s > lo) & (s < hi)).to(tl.int32)
                 settled = (tl.sum(between, axis=0) == 0) | (mid <= lo) | (mid >= hi)
@@ -114,9 +121,8 @@ def _nucleus_tail_kernel(logits_ptr, stride_row, temp_ptr, top_p_ptr, keys_ptr, 
         best_idx = tl.zeros([BLOCK], tl.int64)
         for start in range(0, vocab, BLOCK):
             v = start + offs
-            inside = v < vocab
-            s = tl.div_rn(tl.load(base + v, mask=inside, other=float("-inf")).to(tl.float32), temp)
-            g = tl.where(inside & (s >= hi), s.to(tl.float64) + _gumbel_noise(v, key), float("-inf"))
+            s = _scaled(base, v, vocab, temp, float("-inf"))
+            g = tl.where((v < vocab) & (s >= hi), s.to(tl.float64) + _gumbel_noise(v, key), float("-inf"))
             better = g > best
             best = tl.where(better, g, best)
             best_idx = tl.where(better, v.to(tl.int64), best_idx)

@@ -68,9 +68,10 @@ def decode_gaps(records: list[dict], clock: str = "gpu") -> list[dict]:
                "window_p50_ms": window["p50"], "window_p90_ms": window["p90"]}
         if gaps:
             gap = percentiles(gaps, (50, 90))
+            idle = sum(gaps)
             row |= {"gap_p50_ms": gap["p50"], "gap_p90_ms": gap["p90"],
-                    "gap_share": sum(gaps) / (sum(windows[:len(gaps)]) + sum(gaps)),
-                    "gap_at_split_share": at_split / sum(gaps) if sum(gaps) > 0 else 0.0}
+                    "gap_share": idle / (sum(windows[:len(gaps)]) + idle),
+                    "gap_at_split_share": at_split / idle if idle > 0 else 0.0}
         if launches:
             row["launch_p50_ms"] = percentiles(launches, (50,))["p50"]
         rows.append(row)
