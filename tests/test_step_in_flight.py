@@ -52,9 +52,9 @@ def test_fed_rows_sample_what_host_tokens_give(session):
     assert unfed != [t for t, _ in by_host]
 
 
-def test_a_feed_needs_one_token_per_item(session):
+def test_a_feed_feeds_only_items_of_one_token(session):
     item = BatchItem("r", [5, 6], 0, [0], SamplingParams(max_tokens=2), True)
-    with pytest.raises(ValueError, match="one input token per item"):
+    with pytest.raises(ValueError, match="only items of one input token"):
         session.launch([item], TokenFeed(torch.zeros(1, dtype=torch.long), [0], [0]))
 
 

@@ -60,9 +60,13 @@ class BatchScheduler:
         return self.allocator.grow(seq.block_table, seq.num_cached_tokens + num_new, self.block_size)
 
     def release(self, seq: Sequence) -> None:
-        """Returns a sequence's blocks to the pool and forgets it."""
+        """Returns a sequence's blocks to the pool and forgets it. Tokens it had in flight are
+        lost with them (a step in flight that still writes its blocks runs before any step
+        launched after this, on the same stream)."""
         self.allocator.release(seq.block_table)
         seq.num_cached_tokens = 0
+        seq.num_pending = 0
+        seq.lineage += 1
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -75,12 +79,14 @@ class BatchScheduler:
         plan.preempted.append(seq)
         self.num_preemptions += 1
 
-    def schedule(self) -> StepPlan:
+    def schedule(self, ends_for_certain=None) -> StepPlan:
+        """The next step's chunks. `ends_for_certain(seq)`: whether a sequence's tokens in flight
+        already end it (steps launched one ahead); it then sits this step out."""
         plan = StepPlan([], [], [])
         budget = self.token_budget
         # Decodes: sequences whose prompt is fully cached need one token each.
         for seq in list(self.running):
-            if seq.in_prefill or budget <= 0:
+            if seq.in_prefill or budget <= 0 or (ends_for_certain is not None and ends_for_certain(seq)):
                 continue
             while not self._reserve(seq, 1):
                 victim = self.running[-1]

@@ -4,6 +4,8 @@ One session in this process runs every step as one hybrid batch: each running se
 decode token plus prompt chunks up to the token budget (serve.chunk_size), the vLLM/SGLang
 default that Bullet is measured against. It composes the engine's parts: the shared weights
 and pool, the block allocator, the batch scheduler, the request lifecycle and the session.
+With `decode.overlap_steps` (one GPU) each step is launched before the last one's tokens are
+read, as bullet's decode worker does with the same setting (engine/steps_ahead.py).
 The Bullet orchestrator (bullet_trt/spatial) composes the same parts in its own way; this
 file knows nothing of it.
 
@@ -25,6 +27,7 @@ from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput
 from bullet_trt.engine.sequence import SeqStatus
 from bullet_trt.engine.session import TorchSession
 from bullet_trt.engine.shared_state import build_shared_state, release_device_memory, request_limits
+from bullet_trt.engine.steps_ahead import StepAhead, StepsAhead
 from bullet_trt.engine.step_failure import FailureStreak, device_usable, last_line, report
 from bullet_trt.engine.tp_ranks import LeaderSession, TensorParallelRanks
 
@@ -34,7 +37,8 @@ FOLLOWER = "bullet_trt.engine.tp_follower:run_chunked_follower"
 def chunked_profile(cfg: EngineConfig) -> ProfileConfig:
     """One session runs both phases: decode-only steps replay the decode profile's graphs."""
     return dataclasses.replace(cfg.prefill, cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes,
-                               max_num_seqs=max(cfg.prefill.max_num_seqs, cfg.decode.max_num_seqs))
+                               max_num_seqs=max(cfg.prefill.max_num_seqs, cfg.decode.max_num_seqs),
+                               overlap_steps=cfg.decode.overlap_steps)
 
 
 class EngineCore:
@@ -61,6 +65,8 @@ class EngineCore:
         self.session = TorchSession(model, self.state.kv_pool, self.state.block_size, chunked_profile(cfg))
         self.session.warm_up()
         self.session.capture_graphs()
+        # the ranks' session hands each batch on and waits: nothing to launch ahead there
+        self.ahead = StepsAhead(self.session) if cfg.decode.overlap_steps and ranks is None else None
         if ranks is not None:
             ranks.pool_ready(self.state.num_blocks)
             self.session = LeaderSession(self.session, ranks, self.allocator)
@@ -104,6 +110,8 @@ class EngineCore:
             if seq is not None:
                 reqs.finish(seq, "abort")
                 outputs.append(reqs.output(seq))
+        if self.ahead is not None:
+            return outputs + self._step_ahead()
         plan = self.scheduler.schedule()
         if not plan:
             return outputs
@@ -118,6 +126,44 @@ class EngineCore:
         for chunk, res in zip(chunks, results):
             seq = chunk.seq
             seq.num_cached_tokens += chunk.num_new_tokens
+            if res is not None:
+                reqs.accept(seq, res)
+            if res is not None or seq.status is SeqStatus.FINISHED:
+                outputs.append(reqs.output(seq))
+        return outputs
+
+    def _step_ahead(self) -> list[RequestOutput]:
+        """Launches the next step, then reports the one in flight before it."""
+        reqs = self.requests
+        plan = self.scheduler.schedule(reqs.ends_for_certain)
+        if not plan:
+            step = self.ahead.take_pending()
+            return self._report_ahead(step) if step is not None else []
+        chunks = plan.decodes + plan.prefills
+        try:
+            step = self.ahead.launch(chunks, [reqs.item(c.seq, c.num_new_tokens) for c in chunks])
+        except Exception:
+            if not device_usable(self.session.device):
+                raise
+            trace = traceback.format_exc()
+            step = self.ahead.take_pending()
+            outputs = self._report_ahead(step) if step is not None else []
+            return outputs + self._step_failed(chunks, trace)
+        return self._report_ahead(step) if step is not None else []
+
+    def _report_ahead(self, step: StepAhead) -> list[RequestOutput]:
+        reqs = self.requests
+        try:
+            kept = self.ahead.results(step)
+        except Exception:
+            if not device_usable(self.session.device):
+                raise
+            ran = [c for c, lineage in zip(step.chunks, step.lineages) if c.seq.lineage == lineage]
+            return self._step_failed(ran, traceback.format_exc())
+        self.step_failures.succeeded()
+        outputs = []
+        for chunk, res in kept:
+            seq = chunk.seq
             if res is not None:
                 reqs.accept(seq, res)
             if res is not None or seq.status is SeqStatus.FINISHED:

@@ -52,9 +52,16 @@ class RequestLifecycle:
         start = seq.num_cached_tokens
         sample = start + num_new_tokens == seq.num_tokens
         p = seq.params
-        banned = self._end_ids(p) if sample and len(seq.output_token_ids) < p.min_tokens else []
+        n_out = seq.num_outputs
+        banned = self._end_ids(p) if sample and n_out < p.min_tokens else []
         return BatchItem(seq.request_id, seq.token_ids(start, num_new_tokens), start, list(seq.block_table),
-                         p, sample, output_index=len(seq.output_token_ids), banned_token_ids=banned)
+                         p, sample, output_index=n_out, banned_token_ids=banned)
+
+    def ends_for_certain(self, seq: Sequence) -> bool:
+        """Whether the tokens in flight take the sequence to its length limits, so that no
+        further step may run it (its position would pass the model's length)."""
+        return bool(seq.num_pending) and (seq.num_outputs >= seq.params.max_tokens
+                                          or seq.num_tokens >= self.limits.max_model_len)
 
     def _end_ids(self, p: SamplingParams) -> list[int]:
         if p.ignore_eos:
@@ -62,7 +69,8 @@ class RequestLifecycle:
         return [p.end_id] if p.end_id is not None else self.eos_token_ids
 
     def accept(self, seq: Sequence, result: SampleResult) -> None:
-        """Takes a sampled token, or ends the sequence by the stopping rules."""
+        """Takes a sampled token, or ends the sequence by the stopping rules. A token that was
+        in flight (`Sequence.num_pending`) must have left that count first."""
         p = seq.params
         if seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
@@ -78,7 +86,7 @@ class RequestLifecycle:
         n_out += 1
         if n_out >= p.min_tokens and any(s and seq.output_token_ids[-len(s):] == s for s in p.stop_token_ids):
             self.finish(seq, "stop")
-        elif n_out >= p.max_tokens or seq.num_tokens >= self.limits.max_model_len:
+        elif n_out >= p.max_tokens or seq.num_tokens - seq.num_pending >= self.limits.max_model_len:
             self.finish(seq, "length")
 
     def output(self, seq: Sequence) -> RequestOutput:

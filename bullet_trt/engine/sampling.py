@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bullet_trt.kernels import reference
+from bullet_trt.kernels.host_to_device import device_tensor
 
 _MASK32 = 0xFFFFFFFF
 
@@ -50,15 +51,6 @@ def row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     lo, hi = seeds & _MASK32, (seeds >> 32) & _MASK32
     key = reference.fmix32(reference.fmix32(lo ^ 0x9E3779B9) ^ hi)
     return reference.fmix32(key ^ ((steps.long() * 0x632BE5AB) & _MASK32))
-
-
-def device_tensor(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    # Staged through pinned memory so the copy does not wait for the step still running on
-    # the GPU (a copy from pageable memory synchronizes with it).
-    t = torch.tensor(values, dtype=dtype)
-    if torch.device(device).type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t
 
 
 @dataclass

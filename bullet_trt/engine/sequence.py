@@ -28,6 +28,12 @@ class Sequence:
     finish_reason: str | None = None
     first_token_time: float | None = None
     num_emitted: int = 0  # output tokens already reported to the caller
+    # Tokens sampled by a step still in flight, not yet on the host (chunked steps launched one
+    # ahead, engine/steps_ahead.py): they count in the sequence's length, and a step that needs
+    # one as its input takes it on the device. `lineage` moves on each time the sequence gives
+    # its blocks back (it ended or was preempted), so a result for an earlier lineage is dropped.
+    num_pending: int = 0
+    lineage: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -35,7 +41,12 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
+
+    @property
+    def num_outputs(self) -> int:
+        """Output tokens sampled so far, those still in flight included."""
+        return len(self.output_token_ids) + self.num_pending
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -43,9 +54,14 @@ class Sequence:
 
     def token_ids(self, start: int, count: int) -> list[int]:
         """all_token_ids[start:start + count] without building the whole list (a decode step
-        asks this of every running sequence)."""
+        asks this of every running sequence). A token still in flight reads as 0: the step that
+        takes it as input is fed it on the device."""
         prompt = self.prompt_token_ids
         end = start + count
+        known = len(prompt) + len(self.output_token_ids)
+        if end > known:
+            head = self.token_ids(start, known - start) if start < known else []
+            return head + [0] * (end - max(start, known))
         if start >= len(prompt):
             return self.output_token_ids[start - len(prompt):end - len(prompt)]
         if end <= len(prompt):
@@ -59,4 +75,4 @@ class Sequence:
     @property
     def in_prefill(self) -> bool:
         """True until the pool holds all but the newest token (which decode feeds)."""
-        return self.num_uncached > 1 or not self.output_token_ids
+        return self.num_uncached > 1 or not self.num_outputs

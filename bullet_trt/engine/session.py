@@ -6,6 +6,7 @@ in-process or inside a worker process that attached the shared weights and KV po
 """
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -13,6 +14,7 @@ import torch
 
 from bullet_trt.config import ProfileConfig
 from bullet_trt.engine.sampling import SamplingBatch, SamplingParams, float32_scratch, sample
+from bullet_trt.kernels.host_to_device import device_tensor
 from bullet_trt.engine.step_in_flight import Readback, SampleResult, StepInFlight, TokenFeed
 from bullet_trt.kernels.metadata import AttentionMetadata
 
@@ -158,25 +160,26 @@ class TorchSession(EngineSession):
     @torch.inference_mode()
     def launch(self, items: list[BatchItem], feed: TokenFeed | None = None) -> StepInFlight:
         """Queues a step on the current stream and returns it without waiting for its tokens
-        (engine/step_in_flight.py). `feed`: input tokens of one-token rows taken from an
-        earlier step's sampled tokens on the device; only for steps of one token per item."""
+        (engine/step_in_flight.py). `feed`: input tokens of one-token items taken from an
+        earlier step's sampled tokens on the device."""
         if not items:
             return StepInFlight(0, [], [], None, None)
         logits = self._graph_logits(items, feed)
         if logits is not None:
             return self._sample(items, list(range(len(items))), logits)
         q_lens = [len(it.input_token_ids) for it in items]
-        if feed is not None and any(n != 1 for n in q_lens):
-            raise ValueError("a token feed needs one input token per item")
+        if feed is not None and any(q_lens[i] != 1 for i in feed.rows):
+            raise ValueError("a token feed feeds only items of one input token")
         seq_lens = [it.start_pos + n for it, n in zip(items, q_lens)]
         meta = AttentionMetadata.build(q_lens, seq_lens, [it.block_table for it in items],
                                        self.block_size, self.device)
         ids = [t for it in items for t in it.input_token_ids]
         positions = [p for it, n in zip(items, q_lens) for p in range(it.start_pos, it.start_pos + n)]
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        input_ids = device_tensor(ids, torch.long, self.device)
         if feed is not None:
-            feed.apply(input_ids)
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+            offsets = list(itertools.accumulate(q_lens, initial=0))  # each item's first token
+            TokenFeed(feed.source, [offsets[i] for i in feed.rows], feed.src).apply(input_ids)
+        pos = device_tensor(positions, torch.long, self.device)
         if self.piecewise is not None and self.piecewise.bucket(len(ids)) is not None:
             hidden = self.piecewise.run(input_ids, pos, meta)
         else:
@@ -185,7 +188,7 @@ class TorchSession(EngineSession):
         if not rows:
             return StepInFlight(len(items), [], [], None, None)
         last = meta.cu_seqlens_q[1:].long() - 1
-        logits = self.model.compute_logits(hidden[last[rows]])
+        logits = self.model.compute_logits(hidden[last[device_tensor(rows, torch.long, self.device)]])
         return self._sample(items, rows, logits)
 
     def _sample(self, items: list[BatchItem], rows: list[int], logits: torch.Tensor) -> StepInFlight:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bullet_trt.engine.sampling import device_tensor
+from bullet_trt.kernels.host_to_device import device_tensor
 
 
 @dataclass(slots=True)  # a decode step makes one per row

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from bullet_trt.kernels.host_to_device import device_tensor
+
 
 @dataclass
 class AttentionMetadata:
@@ -45,10 +47,10 @@ class AttentionMetadata:
         width = max((len(t) for t in block_tables), default=1) or 1
         padded = [t + [0] * (width - len(t)) for t in block_tables]
         return AttentionMetadata(
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            cu_seqlens_q=device_tensor(cu, torch.int32, device),
+            seq_lens=device_tensor(seq_lens, torch.int32, device),
+            block_tables=device_tensor(padded, torch.int32, device),
+            slot_mapping=device_tensor(slots, torch.int64, device),
             max_seqlen_q=max(q_lens, default=0),
             max_seqlen_k=max(seq_lens, default=0),
             block_size=block_size,
