@@ -35,11 +35,17 @@ class ProfileConfig:
     # the next one, its attention eager between the graphs. Empty: such steps run eagerly.
     # A GPU server in chunked mode gets them from serve.sizing=auto (serving/device_sizing.py).
     piecewise_graph_tokens: list[int] = field(default_factory=list)
-    # The decode worker launches each decode step before the last one's tokens reach the host,
-    # feeding them to the new step on the device, so that its host work between steps runs
-    # while the GPU steps (engine/step_in_flight.py). Read by the decode worker of the spatial
-    # modes, on one GPU; a row that ends is stepped once more, its token dropped.
+    # Each step that carries decode rows is launched before the last one's tokens reach the
+    # host, which feeds them to the new step on the device, so that the host's work between
+    # steps runs while the GPU steps (engine/step_in_flight.py). Read as `decode.overlap_steps`
+    # by the spatial modes' decode worker (spatial/overlapped_decode.py) and by chunked mode's
+    # engine (engine/steps_ahead.py), on one GPU; a row that ends is stepped once more, its
+    # token dropped.
     overlap_steps: bool = False
+    # With overlap_steps, the decode worker launches a step shortly before the one in flight is
+    # due to end instead of right after launching it, so that a new split or a joining row
+    # reaches the next step rather than the one after (spatial/overlapped_decode.py).
+    overlap_launch_late: bool = False
 
 
 @dataclass

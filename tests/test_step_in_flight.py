@@ -98,3 +98,67 @@ def test_the_overlapped_loop_changes_split_without_draining_and_publishes_the_ep
     loop.move_to(batch.split, 5)
     assert loop.drain([]) == [] and published == [3, 4, 5]  # a drain reports it too
     assert [m.split for m in outbox] == [beside, whole]
+
+
+def test_a_late_launch_is_due_before_the_step_in_flight_ends_on_its_split(session):
+    """`decode.overlap_launch_late`: the next launch is due at the last reported step's end (as
+    the host saw it) plus most of that step's time, less the launches' host time and a margin;
+    at once where nothing says how long the step in flight takes."""
+    from bullet_trt.protocol import DecodeUpdate, SmSplit
+    from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
+    from bullet_trt.spatial.overlapped_decode import (LATE_LAUNCH_MARGIN_MS, LATE_LAUNCH_SHARE,
+                                                      OverlappedDecode)
+    from bullet_trt.spatial.partitioners import make_partitioner
+
+    class Outbox(list):
+        put = list.append
+
+    beside, whole = SmSplit(8, 4), SmSplit.whole(8)
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+
+    def loop_of(late: bool) -> OverlappedDecode:
+        batch = PersistentDecodeBatch(session.block_size, 8)
+        batch.apply(DecodeUpdate(joins=[(r, BatchItem(f"r{r}", [3 + r], 0, [8 + r], params, True))
+                                        for r in range(2)], split=beside, epoch=1))
+        return OverlappedDecode(session, torch.device("cpu"), make_partitioner("none", "cpu"), "decode", None,
+                                batch, Outbox(), None, launch_late=late)
+
+    plain = loop_of(False)
+    plain.step(plain.batch.runnable(), [])
+    plain.step(plain.batch.runnable(), [])
+    assert plain.launch_due() is None  # not asked for
+    late = loop_of(True)
+    assert late.launch_due() is None  # nothing in flight
+    late.step(late.batch.runnable(), [])
+    assert late.launch_due() is None  # nothing reported yet
+    late.step(late.batch.runnable(), [])
+    seen_end, window_ms, split = late._reported
+    assert split == beside == late.pending.split
+    lead_ms = max(late._launch_ms) + LATE_LAUNCH_MARGIN_MS
+    assert late.launch_due() == pytest.approx(seen_end + (window_ms * LATE_LAUNCH_SHARE - lead_ms) / 1e3)
+    late.batch.apply(DecodeUpdate(split=whole, epoch=2))
+    late.move_to(late.batch.split, 2)
+    late.step(late.batch.runnable(), [])  # in flight on the whole GPU, last reported beside a prefill
+    assert late.pending.split == whole and late.launch_due() is None
+
+
+def test_a_worker_takes_its_messages_until_the_launch_is_due():
+    import multiprocessing as mp
+    import threading
+    import time
+
+    from bullet_trt.spatial.rank_mirror import RankMirror
+
+    inbox = mp.get_context("spawn").Queue()
+    mirror = RankMirror(inbox, None)
+    inbox.put("before")
+    time.sleep(0.2)  # the queue's feeder thread delivers it
+    late = threading.Timer(0.1, inbox.put, args=("during",))
+    late.start()
+    start = time.monotonic()
+    assert mirror.take(block=False, until=start + 1.5) == ["before", "during"]
+    assert time.monotonic() - start >= 1.5  # waited out the deadline for more
+    inbox.put("after")
+    time.sleep(0.2)
+    assert mirror.take(block=False, until=time.monotonic() - 1) == ["after"]  # past due: what is there
+    late.join()

@@ -21,6 +21,13 @@ What this changes for the rest of the worker's loop:
   decode step on the whole GPU for that much longer (`bench overlap` measures it from the
   iteration log; `serve.prefill_waits_for_split` makes the prefill wait for the new split).
 
+With `decode.overlap_launch_late` the next step is launched not right after the one before
+but shortly before the step in flight is due to end (`launch_due`: its expected time, the last
+step's on the GPU, less a margin and the launches' host time), and the worker takes what the
+orchestrator sends until then: a new split or a joining row then reaches the next step, as in
+the plain loop, instead of the one after. What it risks is a gap, when a step ends sooner than
+the last one took (`bench decode-overlap --launch-late` counts the gaps).
+
 Nothing in a launch may wait for the device, or the launch returns only once its step has run
 and nothing is left to overlap: the banned-token mask did, and this loop lost at load until it
 filled on the device (engine/sampling._ban; `bench decode-overlap` times both loops and lists
@@ -30,6 +37,7 @@ candidates on the device (kernels/triton_sample.nucleus_tail_draw); with the tor
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import time
 import traceback
@@ -62,15 +70,28 @@ class LaunchedStep:
         return {row_id: i for i, (row_id, _) in enumerate(self.ran)}
 
 
+# A late launch aims at this share of the step in flight's expected time, less the launches'
+# host time: steps of one batch size vary by a few percent, and a step that ends before its
+# successor is queued leaves the GPU idle.
+LATE_LAUNCH_SHARE = 0.8
+LATE_LAUNCH_MARGIN_MS = 1.0
+
+
 class OverlappedDecode:
     def __init__(self, session, device, part, role: str, set_num_sms, batch: PersistentDecodeBatch, outbox,
-                 clocks: list | None, memory=None, publish_epoch: Callable[[int], None] | None = None):
+                 clocks: list | None, memory=None, publish_epoch: Callable[[int], None] | None = None,
+                 launch_late: bool = False):
         self.session, self.device, self.part, self.role = session, device, part, role
         self.set_num_sms, self.batch, self.outbox, self.memory = set_num_sms, batch, outbox, memory
         self.clocks = clocks or []  # two GPU clocks, or none
         self.pending: LaunchedStep | None = None
         self.publish_epoch = publish_epoch  # tells the prefill worker which split decode runs at
         self._epoch_after_report = 0  # a new split's epoch, due once the step on the old one is reported
+        self.launch_late = launch_late
+        self._launch_ms = collections.deque(maxlen=16)  # the last launches' host time
+        # the last reported step: when the host saw it end (the step in flight ran from then
+        # at the latest), its time on the GPU and its split
+        self._reported: tuple[float, float, SmSplit] | None = None
 
     def step(self, ran: list[tuple[int, BatchItem]], left: list[int]) -> list[int]:
         """Launches a step over `ran`, then reports the step before it (with the leaves in
@@ -81,6 +102,7 @@ class OverlappedDecode:
             trace = traceback.format_exc()
             return self._failed(ran, trace, self.drain(left))
         previous, self.pending = self.pending, launched
+        self._launch_ms.append(launched.host_ms)
         self.batch.move_on(ran)
         if previous is not None:
             return self._report(previous, left)
@@ -105,6 +127,19 @@ class OverlappedDecode:
             self._publish(epoch)
         else:
             self._epoch_after_report = epoch
+
+    def launch_due(self) -> float | None:
+        """With `launch_late`: the time (time.monotonic()) to launch the next step at, so that
+        it is queued shortly before the step in flight ends; None: at once (no step in flight or
+        none reported yet, or a step in flight on another split than the last one reported,
+        whose time says nothing of it)."""
+        if not self.launch_late or self.pending is None or self._reported is None:
+            return None
+        seen_end, window_ms, split = self._reported
+        if split != self.pending.split:
+            return None
+        lead_ms = max(self._launch_ms, default=0.0) + LATE_LAUNCH_MARGIN_MS
+        return seen_end + (window_ms * LATE_LAUNCH_SHARE - lead_ms) / 1e3
 
     def _publish(self, epoch: int) -> None:
         if epoch and self.publish_epoch is not None:
@@ -173,6 +208,7 @@ class OverlappedDecode:
         except Exception:
             return self._failed(step.ran, traceback.format_exc(), left)
         measured_ms = step.began.elapsed_time(step.ended) if step.began is not None else step.host_ms
+        self._reported = (time.monotonic(), measured_ms, step.split)
         tokens = [r.token_id for r in results]
         self.outbox.put(DecodeStep(
             row_ids=[row_id for row_id, _ in step.ran], token_ids=tokens, logprobs=[r.logprob for r in results],

@@ -11,6 +11,7 @@ wait), so the others wait at most that long plus a step.
 from __future__ import annotations
 
 import queue
+import time
 
 from bullet_trt.engine.tp_group import TPGroup
 from bullet_trt.protocol import WorkerFatal
@@ -24,14 +25,21 @@ class RankMirror:
     def leads(self) -> bool:
         return self.group is None or self.group.rank == 0
 
-    def take(self, block: bool) -> list:
+    def take(self, block: bool, until: float | None = None) -> list:
         """The messages of this turn: those waiting in the inbox (waiting up to 1 s for one
-        when ``block``), or on a follower the ones rank 0's worker took."""
+        when ``block``; with ``until``, a time.monotonic() deadline, all that arrive before
+        it), or on a follower the ones rank 0's worker took."""
         if not self.leads:
             return self.group.broadcast()
         msgs = []
+        while until is not None and (left := until - time.monotonic()) > 0:
+            try:
+                msgs.append(self.inbox.get(timeout=left))
+            except queue.Empty:
+                break
         try:
-            msgs.append(self.inbox.get(timeout=1.0) if block else self.inbox.get_nowait())
+            if not msgs:
+                msgs.append(self.inbox.get(timeout=1.0) if block else self.inbox.get_nowait())
             while True:
                 msgs.append(self.inbox.get_nowait())
         except queue.Empty:

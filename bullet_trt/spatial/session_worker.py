@@ -105,7 +105,8 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
     if profile.overlap_steps and group is None and hasattr(session, "launch"):
         clocks = [clock, _start_clock(device, part, splits)] if clock is not None else None
         overlap = OverlappedDecode(session, device, part, name, set_num_sms, batch, outbox, clocks, memory,
-                                   publish_epoch=None if decode_epoch is None else _epoch_publisher(decode_epoch))
+                                   publish_epoch=None if decode_epoch is None else _epoch_publisher(decode_epoch),
+                                   launch_late=profile.overlap_launch_late)
     last_step_end: float | None = None
     stepped = False  # whether rows stepped last time round: likely they can step again
     parent = mp.parent_process()
@@ -114,7 +115,8 @@ def _worker_main(name: str, env: dict, inbox, outbox, decode_epoch) -> None:
             # Block on the inbox only when no row stepped, no prompts wait for a step and no
             # step is in flight; otherwise take what is there. (When the rows that stepped
             # cannot step again, the next round finds none and blocks.)
-            msgs = mirror.take(block=not stepped and not batch.prompt_groups and not (overlap and overlap.pending))
+            msgs = mirror.take(block=not stepped and not batch.prompt_groups and not (overlap and overlap.pending),
+                               until=overlap.launch_due() if overlap is not None else None)
             if not msgs and parent is not None and not parent.is_alive():
                 outbox.cancel_join_thread()  # orphaned: free the GPU
                 return

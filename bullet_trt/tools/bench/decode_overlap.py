@@ -2,7 +2,7 @@
 one ahead (`decode.overlap_steps`), on one GPU, without a server.
 
     bullet-trt bench decode-overlap --engine-dir engines/llama-3.1-8b [--batch 512] [--ctx 512]
-        [--steps 60] [--sms 108 [--switch-every 4]] [--json out.json]
+        [--steps 60] [--sms 108 [--switch-every 4]] [--launch-late] [--json out.json]
 
 Both loops are the worker's own code: a persistent decode batch of `--batch` rows (each bans
 its end tokens, as a benchmark's requests do until their min_tokens) stepped by the plain path
@@ -14,7 +14,9 @@ worker runs beside a prefill; the overlapped loop keeps two GPU step clocks, as 
 does under an iteration log. With `--switch-every N` decode moves between that partition and
 the whole GPU every N steps in both loops, as a server's prefills start and end: the overlapped
 loop then launches each step after a change on the new partition's stream, queued behind the
-step in flight on the old one (`OverlappedDecode.move_to`). Greedy, both loops must pick the
+step in flight on the old one (`OverlappedDecode.move_to`). With `--launch-late` the overlapped
+loop waits before each launch until `OverlappedDecode.launch_due` (`decode.overlap_launch_late`):
+its gaps then say what launching that late costs the GPU. Greedy, both loops must pick the
 same tokens from the same state:
 the command says whether they did (and exits 1 if not), unless the pool is too small for the
 batch's rows to have blocks of their own.
@@ -83,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--switch-every", type=int, default=0,
                     help="with --sms: move decode between its partition and the whole GPU every N steps, as a "
                          "server's prefills start and end (the overlapped loop launches across the change)")
+    ap.add_argument("--launch-late", action="store_true",
+                    help="launch each overlapped step shortly before the one in flight is due to end "
+                         "(decode.overlap_launch_late), as the worker then does")
     ap.add_argument("--profile-steps", type=int, default=6)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -135,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         return batch
 
     report: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "ctx": args.ctx,
-                    "decode_sms": split.sms_of("decode"), "steps": args.steps, "switch_every": args.switch_every}
+                    "decode_sms": split.sms_of("decode"), "steps": args.steps, "switch_every": args.switch_every,
+                    "launch_late": args.launch_late}
 
     plain_batch = fresh_batch()
 
@@ -184,13 +190,17 @@ def main(argv: list[str] | None = None) -> int:
             clock.begin()
             clock.finish()
     stream.synchronize()
-    overlap = OverlappedDecode(session, device, part, "decode", set_num_sms, overlap_batch, outbox, clocks)
+    overlap = OverlappedDecode(session, device, part, "decode", set_num_sms, overlap_batch, outbox, clocks,
+                               launch_late=args.launch_late)
     launched: list = []  # each step as launched: its events and its launch's host time
     step_host_ms: list[float] = []
 
     launches = [0]  # the overlapped loop's steps so far, warm-up and profile included
 
     def overlapped_step() -> None:
+        due = overlap.launch_due()
+        if due is not None:  # as the worker takes its inbox's messages until then
+            time.sleep(max(due - time.monotonic(), 0.0))
         t0 = time.perf_counter()
         now = split_of(launches[0])
         if now != overlap_batch.split:  # as a server's update moves the worker's batch
