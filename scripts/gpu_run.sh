@@ -251,7 +251,7 @@ case "$cmd" in
     args=("$@")
     needs_engine=
     case "$kind" in
-      kernels|decode-profile|decode-overlap|tp|mixed-step) needs_engine=1 ;;
+      kernels|decode-profile|decode-overlap|steps-ahead|tp|mixed-step) needs_engine=1 ;;
       serve) has_arg --start-server "${args[@]}" && needs_engine=1 ;;
     esac
     if [ -n "$needs_engine" ] && ! has_arg --engine-dir "${args[@]}"; then
@@ -263,7 +263,7 @@ case "$cmd" in
       args+=(--engine-dir "$MOE_ENGINE")
     fi
     case "$kind" in
-      kernels|decode-profile|decode-overlap|moe|tp|mixed-step) has_arg --json "${args[@]}" || args+=(--json "$out/bench_$kind.json") ;;
+      kernels|decode-profile|decode-overlap|steps-ahead|moe|tp|mixed-step) has_arg --json "${args[@]}" || args+=(--json "$out/bench_$kind.json") ;;
     esac
     "$PY" -m bullet_trt.tools.cli bench "$kind" "${args[@]}" 2>&1 | tee "$out/bench_$kind.log"
     exit $?

@@ -107,3 +107,17 @@ def test_a_sequences_tokens_in_flight_count_in_its_length_and_read_as_zero():
     fresh = Sequence("f", [1, 2], SamplingParams())
     fresh.num_cached_tokens, fresh.num_pending = 2, 1
     assert not fresh.in_prefill  # its first token is in flight: it decodes next
+
+
+def test_the_bench_runs_both_loops_over_one_load_and_compares_their_tokens(engine, tmp_path):
+    import json
+
+    from bullet_trt.tools.bench.steps_ahead import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--engine-dir", engine, "--requests", "12", "--per-step", "2", "--prompt", "30", "--output", "8",
+                 "--chunk", "48", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["same_tokens"] is True
+    assert report["plain"]["steps"] > 6 and report["ahead"]["steps"] >= report["plain"]["steps"]
+    assert report["plain"]["period_ms"] > 0 and report["ahead_over_plain"] > 0

@@ -2,7 +2,8 @@
 mixture-of-experts kernels and an MoE engine against them), serve (load
 generator against a running server), hf-peer (transformers' continuous batching on the same
 workload), decode-profile (where a decode step's time goes), decode-overlap (the decode
-worker's steps one at a time against launched one ahead), overlap (how disjoint prefill and
+worker's steps one at a time against launched one ahead), steps-ahead (chunked mode's steps
+one at a time against launched one ahead), overlap (how disjoint prefill and
 decode were, from an iteration log), tp (the all-reduce and the decode step over N GPUs),
 mixed-step (chunked mode's mixed step, eager against piecewise CUDA graphs), steady (whether
 serving runs kept up with their arrivals, window by window), misses (a run's SLO misses by
@@ -21,6 +22,7 @@ KINDS = {
     "hf-peer": "bullet_trt.tools.bench.hf_peer",
     "decode-profile": "bullet_trt.tools.bench.decode_profile",
     "decode-overlap": "bullet_trt.tools.bench.decode_overlap",
+    "steps-ahead": "bullet_trt.tools.bench.steps_ahead",
     "overlap": "bullet_trt.tools.bench.split_overlap",
     "tp": "bullet_trt.tools.bench.tp_bench",
     "mixed-step": "bullet_trt.tools.bench.mixed_step",
