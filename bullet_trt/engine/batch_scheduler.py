@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from bullet_trt.engine.block_allocator import BlockAllocator
 from bullet_trt.engine.sequence import Sequence, SeqStatus
@@ -79,7 +80,7 @@ class BatchScheduler:
         plan.preempted.append(seq)
         self.num_preemptions += 1
 
-    def schedule(self, ends_for_certain=None) -> StepPlan:
+    def schedule(self, ends_for_certain: Callable[[Sequence], bool] | None = None) -> StepPlan:
         """The next step's chunks. `ends_for_certain(seq)`: whether a sequence's tokens in flight
         already end it (steps launched one ahead); it then sits this step out."""
         plan = StepPlan([], [], [])

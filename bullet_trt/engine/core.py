@@ -27,8 +27,8 @@ from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput
 from bullet_trt.engine.sequence import SeqStatus
 from bullet_trt.engine.session import TorchSession
 from bullet_trt.engine.shared_state import build_shared_state, release_device_memory, request_limits
-from bullet_trt.engine.steps_ahead import StepAhead, StepsAhead
 from bullet_trt.engine.step_failure import FailureStreak, device_usable, last_line, report
+from bullet_trt.engine.steps_ahead import StepAhead, StepsAhead
 from bullet_trt.engine.tp_ranks import LeaderSession, TensorParallelRanks
 
 FOLLOWER = "bullet_trt.engine.tp_follower:run_chunked_follower"
@@ -37,8 +37,7 @@ FOLLOWER = "bullet_trt.engine.tp_follower:run_chunked_follower"
 def chunked_profile(cfg: EngineConfig) -> ProfileConfig:
     """One session runs both phases: decode-only steps replay the decode profile's graphs."""
     return dataclasses.replace(cfg.prefill, cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes,
-                               max_num_seqs=max(cfg.prefill.max_num_seqs, cfg.decode.max_num_seqs),
-                               overlap_steps=cfg.decode.overlap_steps)
+                               max_num_seqs=max(cfg.prefill.max_num_seqs, cfg.decode.max_num_seqs))
 
 
 class EngineCore:

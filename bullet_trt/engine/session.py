@@ -14,8 +14,8 @@ import torch
 
 from bullet_trt.config import ProfileConfig
 from bullet_trt.engine.sampling import SamplingBatch, SamplingParams, float32_scratch, sample
-from bullet_trt.kernels.host_to_device import device_tensor
 from bullet_trt.engine.step_in_flight import Readback, SampleResult, StepInFlight, TokenFeed
+from bullet_trt.kernels.host_to_device import device_tensor
 from bullet_trt.kernels.metadata import AttentionMetadata
 
 
