@@ -10,9 +10,11 @@ tokens generating `--output` tokens greedily with ends ignored, so that steps mi
 chunks with hundreds of decode rows as a loaded server's do and both loops run the same
 batches. Each loop serves the load twice, the first as warm-up (graph capture, compilation,
 the allocator), and the second is timed: its wall time, steps, the period a step and output
-tokens a second. The ratio of the periods is what launching ahead gains at this load, against
-the plain loop measured in the same run; both must produce the same tokens (the command exits
-1 if they do not). Decode graphs up to 1024 rows and piecewise graphs up to the chunk, as the
+tokens a second, and on a GPU the steps' own time (CUDA events around each step's launch, on
+its stream) and the share of the wall time the GPU ran none (`gpu_idle_share`: the host's
+part that the loop left exposed). The ratio of the periods is what launching ahead gains at
+this load, against the plain loop measured in the same run; both must produce the same tokens
+(the command exits 1 if they do not). Decode graphs up to 1024 rows and piecewise graphs up to the chunk, as the
 serving benchmarks set them.
 """
 from __future__ import annotations
@@ -47,22 +49,49 @@ def serve_load(core, prompts: list[list[int]], output: int, per_step: int) -> tu
     return tokens, steps
 
 
+class StepEvents:
+    """CUDA events on the current stream before and after each launch of `session`: the
+    steps' own time on the GPU, summed once the loop is done."""
+
+    def __init__(self, session):
+        self.session, self.launch, self.events = session, session.launch, []
+        session.launch = self._timed_launch
+
+    def _timed_launch(self, items, feed=None):
+        began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        began.record()
+        flight = self.launch(items, feed)
+        ended.record()
+        self.events.append((began, ended))
+        return flight
+
+    def busy_s(self) -> float:
+        torch.cuda.synchronize()
+        return sum(b.elapsed_time(e) for b, e in self.events) / 1e3
+
+
 def run_loop(engine_dir: str, overrides: dict, prompts: list[list[int]], output: int, per_step: int) -> dict:
     from bullet_trt import LLM
 
+    cuda = torch.cuda.is_available()
     with LLM(engine_dir, **overrides) as llm:
         core = llm.engine
         serve_load(core, prompts, output, per_step)  # warm-up: every graph and kernel form met once
-        if torch.cuda.is_available():
+        events = StepEvents(core.session) if cuda else None
+        if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
         tokens, steps = serve_load(core, prompts, output, per_step)
         wall = time.perf_counter() - start
         stats = core.stats()
         assert stats.kv_blocks_free == stats.kv_blocks_total, "a loop left KV blocks held"
+        busy = events.busy_s() if events is not None else None
     out_tokens = sum(len(t) for t in tokens.values())
-    return {"wall_s": round(wall, 3), "steps": steps, "period_ms": round(wall / steps * 1e3, 3),
-            "output_tokens_per_s": round(out_tokens / wall, 1), "tokens": tokens}
+    result = {"wall_s": round(wall, 3), "steps": steps, "period_ms": round(wall / steps * 1e3, 3),
+              "output_tokens_per_s": round(out_tokens / wall, 1), "tokens": tokens}
+    if busy is not None:
+        result.update(gpu_busy_s=round(busy, 3), gpu_idle_share=round(1 - busy / wall, 4))
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                   ahead_over_plain=round(plain["period_ms"] / ahead["period_ms"], 4))
     print(f"chunked, {args.requests} requests ({args.per_step} a step, {args.prompt} prompt + {args.output} output "
           f"tokens), chunk {args.chunk}, {report['device']}")
-    print("| loop | steps | period (ms a step) | output tok/s |\n|---|---|---|---|")
+    print("| loop | steps | period (ms a step) | output tok/s | GPU idle share of the wall time |\n|---|---|---|---|---|")
     for name, r in (("plain", plain), ("launched one ahead", ahead)):
-        print(f"| {name} | {r['steps']} | {r['period_ms']} | {r['output_tokens_per_s']} |")
+        print(f"| {name} | {r['steps']} | {r['period_ms']} | {r['output_tokens_per_s']} | {r.get('gpu_idle_share', '-')} |")
     print(f"launched one ahead / plain: {report['ahead_over_plain']}x; same tokens: {same}")
     if args.json:
         write_json(args.json, report)
