@@ -70,14 +70,18 @@ class Recorder:
             return next(i for i, (r, o) in enumerate(self.events) if r == rid and o.finished == finished)
 
 
-def test_engine_refuses_past_both_bounds_and_serves_what_it_admitted(engine_dir):
+@pytest.mark.parametrize("steps_ahead", [False, True], ids=["plain", "steps-launched-ahead"])
+def test_engine_refuses_past_both_bounds_and_serves_what_it_admitted(engine_dir, steps_ahead):
+    """In the engine's own process, as a server runs it; chunked mode on this CPU, with its steps
+    launched one ahead too (decode.overlap_steps: outputs come a step later, an abort lands
+    while a step holds the request)."""
     from bullet_trt.config import load_engine_config
     from bullet_trt.engine.request import NewRequest
     from bullet_trt.engine.sampling import SamplingParams
     from bullet_trt.serving.engine_process import EngineClient
 
     cfg = load_engine_config(engine_dir, {"decode.max_num_seqs": 1, "serve.max_queue": 2,
-                                          "serve.max_queue_tokens": 150})
+                                          "serve.max_queue_tokens": 150, "decode.overlap_steps": steps_ahead})
     rec = Recorder()
     ec = EngineClient(cfg).start()
     try:
