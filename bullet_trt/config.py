@@ -143,7 +143,7 @@ class ServeConfig:
     # The decode worker steps ahead of the orchestrator that grants them; a row whose next
     # block has not come sits out steps (the iteration log's rows_without_block counts them).
     grant_lookahead_tokens: int = 4
-    iteration_log: str = ""  # JSONL path; empty disables the per-iteration record
+    iteration_log: str = ""  # JSONL path of one record a step (chunked: engine/step_log.py); empty: none
     # Overload shedding: a request that finds this many requests, or this many prompt tokens,
     # waiting in the engine (admitted, not yet scheduled) is refused at once with a retryable
     # error instead of queueing for longer than any client waits. A prompt longer than

@@ -135,7 +135,7 @@ class WorkerSetup:
     splits: list[int]  # prefill SM counts the worker may be asked to run at
     # tensor parallelism: (engine.tp_group.Rendezvous of this role's workers, this rank)
     tp: Any = None
-    # stamp every step with the GPU's clock (spatial/step_clock.py), for the iteration log
+    # stamp every step with the GPU's clock (engine/step_clock.py), for the iteration log
     gpu_clock: bool = False
 
 

@@ -121,3 +121,26 @@ def test_the_bench_runs_both_loops_over_one_load_and_compares_their_tokens(engin
     assert report["same_tokens"] is True
     assert report["plain"]["steps"] > 6 and report["ahead"]["steps"] >= report["plain"]["steps"]
     assert report["plain"]["period_ms"] > 0 and report["ahead_over_plain"] > 0
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["plain", "launched-ahead"])
+def test_chunked_mode_logs_each_step_for_bench_gaps(engine, tmp_path, ahead):
+    """serve.iteration_log in chunked mode (engine/step_log.py): one record per step, its
+    decode rows and prompt chunks, in the fields `bench gaps` reads (on this CPU, the host's
+    clock); steps launched ahead log their launch's host time too."""
+    from bullet_trt.tools.bench.decode_gaps import decode_gaps
+    from bullet_trt.tools.bench.iteration_records import has_gpu_stamps, load
+
+    log = tmp_path / "steps.jsonl"
+    batch = prompts(6, seed=4)
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    overrides = {**(AHEAD if ahead else CHUNKED), "serve.iteration_log": str(log)}
+    run(engine, batch, params, **overrides)
+    records = load(log)
+    assert {r["phase"] for r in records} == {"decode", "mixed"} and not has_gpu_stamps(records)
+    mixed = [r for r in records if r["phase"] == "mixed"]
+    assert sum(r["tokens"] for r in records) == sum(len(p) for p in batch) + 6 * 9  # prompts, then 9 decode steps each
+    assert all(r["prefilling"] > 0 and r["batch"] == r["prefilling"] + r["decoding"] for r in mixed)
+    assert all(("launch_ms" in r) == ahead for r in records)
+    bands = decode_gaps(records, "host")
+    assert bands and sum(b["steps"] for b in bands) == len(records)

@@ -28,6 +28,7 @@ from bullet_trt.engine.sequence import SeqStatus
 from bullet_trt.engine.session import TorchSession
 from bullet_trt.engine.shared_state import build_shared_state, release_device_memory, request_limits
 from bullet_trt.engine.step_failure import FailureStreak, device_usable, last_line, report
+from bullet_trt.engine.step_log import StepLog
 from bullet_trt.engine.steps_ahead import StepAhead, StepsAhead
 from bullet_trt.engine.tp_ranks import LeaderSession, TensorParallelRanks
 
@@ -64,8 +65,9 @@ class EngineCore:
         self.session = TorchSession(model, self.state.kv_pool, self.state.block_size, chunked_profile(cfg))
         self.session.warm_up()
         self.session.capture_graphs()
+        self.log = StepLog(cfg.serve.iteration_log or None, self.session.device)
         # the ranks' session hands each batch on and waits: nothing to launch ahead there
-        self.ahead = StepsAhead(self.session) if cfg.decode.overlap_steps and ranks is None else None
+        self.ahead = StepsAhead(self.session, self.log) if cfg.decode.overlap_steps and ranks is None else None
         if ranks is not None:
             ranks.pool_ready(self.state.num_blocks)
             self.session = LeaderSession(self.session, ranks, self.allocator)
@@ -115,13 +117,16 @@ class EngineCore:
         if not plan:
             return outputs
         chunks = plan.decodes + plan.prefills
+        items = [reqs.item(c.seq, c.num_new_tokens) for c in chunks]
         try:
-            results = self.session.run([reqs.item(c.seq, c.num_new_tokens) for c in chunks])
+            results, logged = self.log.launch(lambda: self.session.run(items))
         except Exception:
             if not device_usable(self.session.device) or (self.ranks is not None and not self.ranks.alive()):
                 raise
             return outputs + self._step_failed(chunks, traceback.format_exc())
         self.step_failures.succeeded()
+        self.log.record(logged, len(plan.decodes), len(plan.prefills), sum(c.num_new_tokens for c in chunks),
+                        len(self.scheduler.waiting), ahead=False)
         for chunk, res in zip(chunks, results):
             seq = chunk.seq
             seq.num_cached_tokens += chunk.num_new_tokens
@@ -140,7 +145,7 @@ class EngineCore:
             return self._report_ahead(step) if step is not None else []
         chunks = plan.decodes + plan.prefills
         try:
-            step = self.ahead.launch(chunks, [reqs.item(c.seq, c.num_new_tokens) for c in chunks])
+            step = self.ahead.launch(chunks, [reqs.item(c.seq, c.num_new_tokens) for c in chunks], len(plan.decodes))
         except Exception:
             if not device_usable(self.session.device):
                 raise
@@ -160,6 +165,8 @@ class EngineCore:
             ran = [c for c, lineage in zip(step.chunks, step.lineages) if c.seq.lineage == lineage]
             return self._step_failed(ran, traceback.format_exc())
         self.step_failures.succeeded()
+        self.log.record(step.logged, step.num_decodes, len(step.chunks) - step.num_decodes,
+                        sum(c.num_new_tokens for c in step.chunks), len(self.scheduler.waiting), ahead=True)
         outputs = []
         for chunk, res in kept:
             seq = chunk.seq
@@ -186,6 +193,7 @@ class EngineCore:
         # engine in the same process can size its pool from the freed memory.
         if self.ranks is not None:
             self.ranks.close()
+        self.log.close()
         device = self.state.kv_pool.device
         del self.session, self.state
         release_device_memory(device)

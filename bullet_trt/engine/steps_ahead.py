@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from bullet_trt.engine.batch_scheduler import ScheduledChunk
 from bullet_trt.engine.session import BatchItem, SampleResult
 from bullet_trt.engine.step_in_flight import StepInFlight, TokenFeed
+from bullet_trt.engine.step_log import LoggedStep, StepLog
 
 
 @dataclass
@@ -28,6 +29,8 @@ class StepAhead:
     chunks: list[ScheduledChunk]
     lineages: list[int]  # each chunk's sequence's lineage at launch
     flight: StepInFlight
+    num_decodes: int  # the first chunks, one token each
+    logged: LoggedStep | None
 
     def token_index(self) -> dict[str, int]:
         """Request id -> index of the token its chunk sampled in `flight.tokens`."""
@@ -35,26 +38,27 @@ class StepAhead:
 
 
 class StepsAhead:
-    def __init__(self, session):
-        self.session = session
+    def __init__(self, session, log: StepLog):
+        self.session, self.log = session, log
         self.pending: StepAhead | None = None
 
-    def launch(self, chunks: list[ScheduledChunk], items: list[BatchItem]) -> StepAhead | None:
-        """Queues a step over `chunks` (their batch rows `items`), fed on the device from the step
-        in flight; returns the step that was in flight, for `report`."""
+    def launch(self, chunks: list[ScheduledChunk], items: list[BatchItem], num_decodes: int) -> StepAhead | None:
+        """Queues a step over `chunks` (their batch rows `items`, decodes first), fed on the
+        device from the step in flight; returns the step that was in flight, for `results`."""
         feed = None
         if self.pending is not None:
             index = self.pending.token_index()
             fed = [(i, index[c.seq.request_id]) for i, c in enumerate(chunks)
                    if c.seq.num_pending and c.seq.request_id in index]
             feed = TokenFeed(self.pending.flight.tokens, [i for i, _ in fed], [k for _, k in fed])
-        flight = self.session.launch(items, feed)
+        flight, logged = self.log.launch(lambda: self.session.launch(items, feed))
         for chunk, item in zip(chunks, items):
             seq = chunk.seq
             seq.num_cached_tokens += chunk.num_new_tokens
             if item.sample:
                 seq.num_pending += 1
-        previous, self.pending = self.pending, StepAhead(chunks, [c.seq.lineage for c in chunks], flight)
+        previous = self.pending
+        self.pending = StepAhead(chunks, [c.seq.lineage for c in chunks], flight, num_decodes, logged)
         return previous
 
     def take_pending(self) -> StepAhead | None:

@@ -42,7 +42,7 @@ from bullet_trt.spatial.decode_step_failure import WorkerBroken, fail_decode_ste
 from bullet_trt.spatial.overlapped_decode import OverlappedDecode
 from bullet_trt.spatial.partitioners import make_partitioner
 from bullet_trt.spatial.rank_mirror import FollowerOutbox, RankMirror
-from bullet_trt.spatial.step_clock import GpuStepClock
+from bullet_trt.engine.step_clock import GpuStepClock
 
 
 def worker_profiles(cfg) -> dict:

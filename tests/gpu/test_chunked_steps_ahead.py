@@ -29,17 +29,27 @@ def prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, 2000) for _ in range(length + 7 * i)] for i in range(n)]
 
 
-def test_the_steps_launched_ahead_pick_the_plain_loops_tokens_on_the_gpu(engine):
+def test_the_steps_launched_ahead_pick_the_plain_loops_tokens_on_the_gpu(engine, tmp_path):
+    """Also each loop's iteration log (engine/step_log.py): every step stamped with the GPU's
+    timer, one after the other on the engine's one stream, as `bench gaps` reads them."""
+    from bullet_trt.tools.bench.iteration_records import has_gpu_stamps, load
+
     batch = prompts(12, 40, seed=1)
     params = [SamplingParams(max_tokens=24 + i, temperature=0.0 if i % 2 else 0.8, seed=i, ignore_eos=True)
               for i in range(12)]
     outs = []
-    for overrides in (CHUNKED, AHEAD):
-        with LLM(engine, **overrides) as llm:
+    for name, overrides in (("plain", CHUNKED), ("ahead", AHEAD)):
+        log = tmp_path / f"{name}.jsonl"
+        with LLM(engine, **overrides, **{"serve.iteration_log": str(log)}) as llm:
             assert (llm.engine.ahead is not None) == (overrides is AHEAD)
             outs.append([c.token_ids for c in llm.generate_token_ids(batch, params)])
             stats = llm.engine.stats()
             assert stats.kv_blocks_free == stats.kv_blocks_total
+        records = load(log)
+        assert has_gpu_stamps(records) and {r["phase"] for r in records} == {"decode", "mixed"}
+        steps = sorted(records, key=lambda r: r["gpu_start_ns"])
+        assert all(0 < r["gpu_end_ns"] - r["gpu_start_ns"] for r in steps)
+        assert all(a["gpu_end_ns"] <= b["gpu_start_ns"] for a, b in zip(steps, steps[1:]))
     assert outs[0] == outs[1]
 
 

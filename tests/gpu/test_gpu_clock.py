@@ -1,4 +1,4 @@
-"""The GPU step clock (bullet_trt/spatial/step_clock.py) that `bench overlap` reads: stamps of
+"""The GPU step clock (bullet_trt/engine/step_clock.py) that `bench overlap` reads: stamps of
 the device's %globaltimer queued on a stream around a step.
 
 What the overlap figure relies on, asserted as order, never as a duration: the two stamps
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.multiprocessing as mp
 
-from bullet_trt.spatial.step_clock import GpuStepClock
+from bullet_trt.engine.step_clock import GpuStepClock
 
 
 def _stamp_in_a_child(out) -> None:

@@ -23,6 +23,10 @@ The "at split" column: the part of the gaps' time that came before a step on ano
 than the one before it (a change of SM split, which the overlapped loop drained until the
 thirteenth round of 2026-11-27, 2.9 ms each).
 
+Chunked mode's log (engine/step_log.py) is read the same way: its steps, "decode" alone or
+"mixed" with prompt chunks, are the steps between which the GPU may wait; its records name no
+SMs, so no SM-time line.
+
 Steps launched one ahead (decode.overlap_steps) log their launch's host time too: the launch
 p50 column. It should be a small part of the window; near the whole window, each launch waited
 for its own step on the device and the gaps are what the plain loop's would be (2026-11-27,
@@ -46,7 +50,8 @@ def decode_gaps(records: list[dict], clock: str = "gpu") -> list[dict]:
     and the gaps' share of windows plus gaps, on `clock` ("gpu" or "host", as
     iteration_records.step_windows). A step's gap is the time to the next decode step's start;
     the last step has none."""
-    timed = [(r, w) for r, w in zip(records, step_windows(records, clock)) if r["phase"] in ("decode", "fused")]
+    timed = [(r, w) for r, w in zip(records, step_windows(records, clock))
+             if r["phase"] in ("decode", "fused", "mixed")]  # mixed: chunked's steps with prompt chunks
     timed.sort(key=lambda rw: rw[1][0])
     rows = []
     for low, high in BANDS:

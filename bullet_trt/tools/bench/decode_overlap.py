@@ -46,7 +46,7 @@ from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
 from bullet_trt.spatial.overlapped_decode import OverlappedDecode
 from bullet_trt.spatial.partitioners import make_partitioner
 from bullet_trt.spatial.session_worker import worker_profiles
-from bullet_trt.spatial.step_clock import GpuStepClock
+from bullet_trt.engine.step_clock import GpuStepClock
 from bullet_trt.tools.bench.json_output import write_json
 
 
