@@ -86,7 +86,7 @@ class RequestLifecycle:
         n_out += 1
         if n_out >= p.min_tokens and any(s and seq.output_token_ids[-len(s):] == s for s in p.stop_token_ids):
             self.finish(seq, "stop")
-        elif n_out >= p.max_tokens or seq.num_tokens - seq.num_pending >= self.limits.max_model_len:
+        elif n_out >= p.max_tokens or seq.num_known_tokens >= self.limits.max_model_len:
             self.finish(seq, "length")
 
     def output(self, seq: Sequence) -> RequestOutput:

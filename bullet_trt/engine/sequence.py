@@ -41,7 +41,12 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
+        return self.num_known_tokens + self.num_pending
+
+    @property
+    def num_known_tokens(self) -> int:
+        """The tokens on the host: the prompt and the outputs read so far."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
     def num_outputs(self) -> int:
@@ -58,7 +63,7 @@ class Sequence:
         takes it as input is fed it on the device."""
         prompt = self.prompt_token_ids
         end = start + count
-        known = len(prompt) + len(self.output_token_ids)
+        known = self.num_known_tokens
         if end > known:
             head = self.token_ids(start, known - start) if start < known else []
             return head + [0] * (end - max(start, known))

@@ -18,6 +18,12 @@ class GpuStepClock:
         self._on_gpu = torch.zeros(2, dtype=torch.int64, device=device)
         self._on_host = torch.zeros(2, dtype=torch.int64, pin_memory=True)
 
+    def warm_up(self) -> None:
+        """Stamps once on the current stream, so that the stamp's kernel is compiled and loaded
+        there before a step needs it."""
+        self.begin()
+        self.finish()
+
     def begin(self) -> None:
         """Queues the start stamp on the current stream (before the step's work)."""
         self._stamp(self._on_gpu, 0)

@@ -32,9 +32,8 @@ class StepLog:
         self.clocks: list[GpuStepClock] = []
         if self.file is not None and device.type == "cuda":
             self.clocks = [GpuStepClock(device), GpuStepClock(device)]
-            for clock in self.clocks:  # its kernel compiled before the first step
-                clock.begin()
-                clock.finish()
+            for clock in self.clocks:
+                clock.warm_up()
             torch.cuda.synchronize(device)
 
     def launch(self, run):

@@ -32,6 +32,7 @@ import torch.multiprocessing as mp
 from bullet_trt.engine.gc_freeze import freeze_startup_objects
 from bullet_trt.engine.memory_watch import ReservedMemoryWatch
 from bullet_trt.engine.shared_state import attach_session
+from bullet_trt.engine.step_clock import GpuStepClock
 from bullet_trt.engine.step_failure import device_usable
 from bullet_trt.engine.tp_group import TPGroup
 from bullet_trt.engine.tp_ranks import exit_with_parent
@@ -42,7 +43,6 @@ from bullet_trt.spatial.decode_step_failure import WorkerBroken, fail_decode_ste
 from bullet_trt.spatial.overlapped_decode import OverlappedDecode
 from bullet_trt.spatial.partitioners import make_partitioner
 from bullet_trt.spatial.rank_mirror import FollowerOutbox, RankMirror
-from bullet_trt.engine.step_clock import GpuStepClock
 
 
 def worker_profiles(cfg) -> dict:
@@ -248,8 +248,7 @@ def _start_clock(device, part, splits: list[int]) -> GpuStepClock:
     clock = GpuStepClock(device)
     for _, stream in _step_streams(part, splits):
         with torch.cuda.stream(stream):
-            clock.begin()
-            clock.finish()
+            clock.warm_up()
         if stream is not None:  # a green context's stream: the device synchronize below misses it
             stream.synchronize()
     torch.cuda.synchronize(device)

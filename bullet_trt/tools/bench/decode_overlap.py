@@ -40,13 +40,13 @@ from bullet_trt.engine.gc_freeze import freeze_startup_objects
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.session import BatchItem
 from bullet_trt.engine.shared_state import attach_session, build_shared_state
+from bullet_trt.engine.step_clock import GpuStepClock
 from bullet_trt.protocol import DecodeStep, DecodeUpdate, SmSplit
 from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS
 from bullet_trt.spatial.decode_batch import PersistentDecodeBatch
 from bullet_trt.spatial.overlapped_decode import OverlappedDecode
 from bullet_trt.spatial.partitioners import make_partitioner
 from bullet_trt.spatial.session_worker import worker_profiles
-from bullet_trt.engine.step_clock import GpuStepClock
 from bullet_trt.tools.bench.json_output import write_json
 
 
@@ -187,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     clocks = [GpuStepClock(device), GpuStepClock(device)]
     with torch.cuda.stream(stream):
         for clock in clocks:  # its kernel compiled before the timed steps
-            clock.begin()
-            clock.finish()
+            clock.warm_up()
     stream.synchronize()
     overlap = OverlappedDecode(session, device, part, "decode", set_num_sms, overlap_batch, outbox, clocks,
                                launch_late=args.launch_late)

@@ -10,9 +10,9 @@ tokens generating `--output` tokens greedily with ends ignored, so that steps mi
 chunks with hundreds of decode rows as a loaded server's do and both loops run the same
 batches. Each loop serves the load twice, the first as warm-up (graph capture, compilation,
 the allocator), and the second is timed: its wall time, steps, the period a step and output
-tokens a second, and on a GPU the steps' own time (CUDA events around each step's launch, on
-its stream) and the share of the wall time the GPU ran none (`gpu_idle_share`: the host's
-part that the loop left exposed). The ratio of the periods is what launching ahead gains at
+tokens a second, and on a GPU the steps' own time (the windows the engine's iteration log
+stamps on the GPU's timer, engine/step_log.py) and the share of the wall time the GPU ran none
+(`gpu_idle_share`: the host's part that the loop left exposed). The ratio of the periods is what launching ahead gains at
 this load, against the plain loop measured in the same run; both must produce the same tokens
 (the command exits 1 if they do not). Decode graphs up to 1024 rows and piecewise graphs up to the chunk, as the
 serving benchmarks set them.
@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import argparse
 import random
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 from bullet_trt.engine.request import NewRequest
 from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt.tools.bench.iteration_records import load
 from bullet_trt.tools.bench.json_output import write_json
 
 DECODE_GRAPHS = "[1,2,4,8,16,32,48,64,96,128,160,192,256,320,384,448,512,640,768,896,1024]"
@@ -49,43 +52,25 @@ def serve_load(core, prompts: list[list[int]], output: int, per_step: int) -> tu
     return tokens, steps
 
 
-class StepEvents:
-    """CUDA events on the current stream before and after each launch of `session`: the
-    steps' own time on the GPU, summed once the loop is done."""
-
-    def __init__(self, session):
-        self.session, self.launch, self.events = session, session.launch, []
-        session.launch = self._timed_launch
-
-    def _timed_launch(self, items, feed=None):
-        began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        began.record()
-        flight = self.launch(items, feed)
-        ended.record()
-        self.events.append((began, ended))
-        return flight
-
-    def busy_s(self) -> float:
-        torch.cuda.synchronize()
-        return sum(b.elapsed_time(e) for b, e in self.events) / 1e3
-
-
 def run_loop(engine_dir: str, overrides: dict, prompts: list[list[int]], output: int, per_step: int) -> dict:
     from bullet_trt import LLM
 
     cuda = torch.cuda.is_available()
-    with LLM(engine_dir, **overrides) as llm:
-        core = llm.engine
-        serve_load(core, prompts, output, per_step)  # warm-up: every graph and kernel form met once
-        events = StepEvents(core.session) if cuda else None
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        tokens, steps = serve_load(core, prompts, output, per_step)
-        wall = time.perf_counter() - start
-        stats = core.stats()
-        assert stats.kv_blocks_free == stats.kv_blocks_total, "a loop left KV blocks held"
-        busy = events.busy_s() if events is not None else None
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "steps.jsonl"  # the engine's own iteration log stamps each step on the GPU
+        with LLM(engine_dir, **overrides, **({"serve.iteration_log": str(log)} if cuda else {})) as llm:
+            core = llm.engine
+            serve_load(core, prompts, output, per_step)  # warm-up: every graph and kernel form met once
+            warm_steps = len(load(log)) if cuda else 0
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            tokens, steps = serve_load(core, prompts, output, per_step)
+            wall = time.perf_counter() - start
+            stats = core.stats()
+            assert stats.kv_blocks_free == stats.kv_blocks_total, "a loop left KV blocks held"
+        timed_steps = load(log)[warm_steps:] if cuda else []
+    busy = sum(r["gpu_end_ns"] - r["gpu_start_ns"] for r in timed_steps) / 1e9 if cuda else None
     out_tokens = sum(len(t) for t in tokens.values())
     result = {"wall_s": round(wall, 3), "steps": steps, "period_ms": round(wall / steps * 1e3, 3),
               "output_tokens_per_s": round(out_tokens / wall, 1), "tokens": tokens}
