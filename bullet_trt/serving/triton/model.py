@@ -237,8 +237,12 @@ class TritonPythonModel:
                 self._start(request)
             except Exception as e:  # never let one request take the others down
                 log.exception("bullet: unexpected error while starting a request")
-                self._send_error_final(request.get_response_sender(), client_request_id(request),
-                                       f"internal error: {e}", "INTERNAL")
+                try:
+                    sender, client_id = request.get_response_sender(), client_request_id(request)
+                except Exception:
+                    log.exception("bullet: a request Triton handed over cannot be answered")
+                    continue
+                self._send_error_final(sender, client_id, f"internal error: {e}", "INTERNAL")
         return None
 
     def _start(self, request) -> None:
@@ -440,11 +444,17 @@ class TritonPythonModel:
         """Ends a request with an error. Its message names the client's request id, since
         Triton's gRPC stream drops an error response's id (request_errors.py)."""
         message = with_request_id(message, client_id)
+        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            sender.send(self.pb.InferenceResponse(output_tensors=[], error=self._error(message, code)),
-                        flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(self.pb.InferenceResponse(output_tensors=[], error=self._error(message, code)), flags=final)
         except Exception as e:
-            log.info("bullet: error response not delivered (%s): %s", e, message)
+            log.warning("bullet: error response not delivered (%s): %s", e, message)
+            # The flag alone still ends the request: Triton holds a request whose sender never
+            # sent it, and a model with one cannot finish unloading.
+            try:
+                sender.send(flags=final)
+            except Exception as again:
+                log.warning("bullet: request %s not ended either (%s)", client_id, again)
 
     # -- cancellation and health ----------------------------------------------------------------
     def _watch_cancellation(self) -> None:
