@@ -124,6 +124,59 @@ def test_decode_keeps_stepping_while_prefill_runs(tiny_engine, tmp_path):
     assert beside, "no decode step ended while a prefill batch was in flight: decode waited for prefill"
 
 
+def _gather_beside_a_decoding_request(engine_dir, log, **extra):
+    """One request decodes while a short prompt gathers for its batch (a TTFT SLO of a minute
+    holds it for 30 s), then its prefill runs. The orchestrator is told of splits of a 64-SM
+    GPU, which the CPU's workers run on their one device: only the policy and the iteration
+    log see them. Returns the log's records and the split decode was moved ahead to (None:
+    not moved)."""
+    from bullet_trt.engine.request import NewRequest
+    with LLM(str(engine_dir), **{"serve.mode": "bullet", "serve.iteration_log": str(log),
+                                 "serve.ttft_slo_ms": 60_000.0, "serve.prefill_hold_fraction": 0.5,
+                                 "serve.prefill_batch_tokens": 4096, **extra}) as llm:
+        core = llm.engine
+        core.total_sms, core.splits, core.log.partitioned = 64, list(range(8, 64, 8)), True
+        long = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+        core.add_request(NewRequest("long", prompts(1, seed=3)[0], long))
+        for _ in range(5):
+            core.step()
+        core.add_request(NewRequest("short", prompts(1, seed=4)[0], SamplingParams(max_tokens=4, temperature=0)))
+        for _ in range(12):  # the prompt gathers: no prefill starts
+            core.step()
+        assert core.prefilling is None and [s.request_id for s in core.queues.waiting] == ["short"]
+        ahead = core.ahead
+        core.cfg.serve.prefill_hold_fraction = 0.0  # the hold ends: the prefill starts
+        while core.has_unfinished():
+            core.step()
+        assert core.stats().kv_blocks_free == core.stats().kv_blocks_total
+    return sorted(load(log), key=lambda r: r["t"]), ahead
+
+
+def test_decode_moves_ahead_to_the_split_of_a_gathering_batch(tiny_engine, tmp_path):
+    """serve.split_ahead: while a prompt gathers for its batch, decode's steps run on the
+    complement of the split the batch is expected to get, and its prefill then starts on SMs
+    decode has left: none of its time beside a decode step on SMs it holds (`bench overlap`'s
+    figure, from the iteration log), with or without decode's steps launched one ahead.
+    Without it decode keeps the whole GPU until the prefill starts."""
+    from bullet_trt.tools.bench.split_overlap import overlap_report
+
+    def before_the_prefill(records):
+        short = [r for r in records if r["phase"] == "prefill"][-1]
+        return short, [r["decode_sms"] for r in records if r["phase"] == "decode" and r["t"] < short["t"]][-3:]
+
+    for overlap in (False, True):
+        records, ahead = _gather_beside_a_decoding_request(
+            tiny_engine, tmp_path / f"ahead_{overlap}.jsonl", **{"serve.split_ahead": True,
+                                                                 "decode.overlap_steps": overlap})
+        assert ahead is not None and ahead.decode_sms < 64
+        short, gathering = before_the_prefill(records)
+        assert gathering == [ahead.decode_sms] * 3
+        assert 0 < short["prefill_sms"] <= ahead.prefill_sms
+        assert overlap_report(records)["prefill_share_sharing_sms"] == 0.0
+    records, ahead = _gather_beside_a_decoding_request(tiny_engine, tmp_path / "plain.jsonl")
+    assert ahead is None and before_the_prefill(records)[1] == [64] * 3
+
+
 def test_bad_split_configuration_is_a_startup_error(llama_engine):
     from bullet_trt.config import ConfigError
     with pytest.raises(ConfigError, match="static_prefill_sms"):

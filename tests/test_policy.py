@@ -196,6 +196,30 @@ def test_short_prompts_gather_into_a_fuller_batch_while_decode_runs():
     assert bullet_policy(state(waiting=short, now=0.1, **dict(hold, hold_ms=0.0)), SLO, MODEL).admit == [0, 1]
 
 
+def test_while_prompts_gather_decode_may_move_ahead_to_the_split_their_batch_will_get():
+    """serve.split_ahead: a gathering decision admits nothing but names the split of the batch
+    the hold waits for (the prompts there, topped up to batch_tokens by one arriving now); when
+    that prompt does arrive, the batch starts at once on exactly that split, so decode, moved
+    to its complement meanwhile, has left the prefill's SMs already."""
+    hold = dict(hold_ms=200.0, batch_tokens=3072, max_prefill_seqs=16, split_ahead=True)
+    short = ((0.0, 150), (0.05, 200))
+    gathering = bullet_policy(state(waiting=short, now=0.1, **hold), SLO, MODEL)
+    assert gathering.admit == [] and gathering.prefill_sms is None
+    assert gathering.ahead_sms in SPLITS
+    # the expected prompt arrives: the batch goes now, on the split decode moved ahead to
+    filled = bullet_policy(state(waiting=short + ((0.1, 3072 - 350),), now=0.1, **hold), SLO, MODEL)
+    assert filled.admit == [0, 1, 2] and filled.prefill_sms == gathering.ahead_sms
+    # the two short prompts alone would get less: the guess is for the batch, not the queue
+    alone = bullet_policy(state(waiting=short, now=0.1, **dict(hold, hold_ms=0.0)), SLO, MODEL)
+    assert alone.prefill_sms < gathering.ahead_sms
+    # off by default, and nothing to name without splits or while nothing gathers
+    assert bullet_policy(state(waiting=short, now=0.1, **dict(hold, split_ahead=False)), SLO, MODEL).ahead_sms is None
+    no_splits = state(waiting=short, now=0.1, **hold)
+    no_splits.splits = []
+    assert bullet_policy(no_splits, SLO, MODEL).ahead_sms is None
+    assert bullet_policy(state(waiting=short, now=0.21, **hold), SLO, MODEL).ahead_sms is None
+
+
 def test_a_tighter_ttft_plan_gives_prefill_more_sms():
     """Long prompts arriving together: planned against the whole TTFT budget, the fewest
     SMs leave the last prompt near its deadline; the default plan (half the SLO) takes more."""

@@ -132,6 +132,9 @@ class SpatialEngine:
             ranks.pool_ready(self.state.num_blocks)
         self.static_split = SmSplit(self.total_sms, static_split)
         self.prefilling: PrefillJob | None = None  # on the prefill partition
+        # serve.split_ahead: the split the gathering prompts are expected to get, which decode
+        # moves to before their prefill starts
+        self.ahead: SmSplit | None = None
         # riding in decode's steps, one job a step in the order sent: the one a step carries
         # now and the next, sent meanwhile so that it rides in the very next step
         self.fused: deque[PrefillJob] = deque()
@@ -333,6 +336,8 @@ class SpatialEngine:
             return self.static_split
         if self.prefilling is not None:
             return self.prefilling.split
+        if self.ahead is not None:
+            return self.ahead
         return SmSplit.whole(self.total_sms)
 
     def _send_decode_update(self) -> None:
@@ -361,7 +366,8 @@ class SpatialEngine:
             fuse=s.fuse_prefill, fuse_tokens=s.chunk_size,
             hold_ms=s.prefill_hold_fraction * self.slo.ttft_ms, batch_tokens=s.prefill_batch_tokens,
             beside_prefill_sms=None if self.prefilling is None else self.prefilling.split.decode_sms,
-            row_step_ms=self._row_step_ms(decoding, ctx) if s.row_tpot_budget else None)
+            row_step_ms=self._row_step_ms(decoding, ctx) if s.row_tpot_budget else None,
+            split_ahead=s.split_ahead)
         if self._static_split():
             return static_policy(state, self.slo, self.perf, self.splits[0])
         return bullet_policy(state, self.slo, self.perf)
@@ -385,9 +391,12 @@ class SpatialEngine:
     def _launch_prefill(self) -> None:
         q = self.queues
         if not q.waiting:
+            self.ahead = None
             return
         candidates = list(q.waiting)
         decision = self._decision(candidates)
+        if self.prefilling is None and not self.fused:
+            self._move_ahead(decision)
         if (self.prefilling is not None or self.fused) and not decision.fuse:
             # the partition is taken (the static policy does not know it), or prompts ride in
             # decode's steps on the whole GPU: a split would move them
@@ -414,9 +423,22 @@ class SpatialEngine:
             return
         predicted = self.perf.prefill_ms(PrefillShape.of(tokens), split.prefill_sms)
         self.prefilling = PrefillJob(batch, tokens, split, predicted)
+        self.ahead = None
         self._send_decode_update()  # decode's move to the complement gets its epoch now
         wait = self.cfg.serve.prefill_waits_for_split and not split.is_whole
         self.prefill.submit(items, split, after_decode_epoch=self.rows.split_epoch if wait else 0)
+
+    def _move_ahead(self, decision) -> None:
+        """While prompts gather, decode runs on the complement of the split they are expected
+        to get (serve.split_ahead), so that it has left those SMs when their prefill starts:
+        decode's move reaches its steps one or two steps after it is sent, and a prefill that
+        started at once on its partition shared SMs with decode's steps on the whole GPU for
+        that long. The split only grows while they gather (the queue does), so decode does not
+        move back and forth between turns."""
+        if decision.ahead_sms is None:
+            self.ahead = None
+        elif self.ahead is None or decision.ahead_sms > self.ahead.prefill_sms:
+            self.ahead = SmSplit(self.total_sms, decision.ahead_sms)
 
     def _prefilled(self, job: PrefillJob, results: list) -> list[RequestOutput]:
         """The job's sequences, their prompts now cached, start decoding (or finish)."""

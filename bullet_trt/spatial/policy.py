@@ -30,12 +30,15 @@ decode's next step, sharing its pass over the weights, as many as keep that step
 TPOT target and the step's token budget; a prompt that does not fit goes to the prefill
 partition as above. Prompts may ride in decode's steps while the partition holds a prefill
 (decode's steps then run on the SMs it leaves), so one path does not wait for the other. A
-phase with nothing to do yields every SM. The `static` policy is the fixed-split baseline
-behind the same signature.
+phase with nothing to do yields every SM, except with `serve.split_ahead`: while prompts
+gather, the decision names the split their batch is expected to get (`gathered`), and decode
+moves to its complement before the prefill starts, since a move reaches decode's steps only one
+or two steps after it is sent and a prefill started meanwhile shares SMs with decode's steps on
+the whole GPU. The `static` policy is the fixed-split baseline behind the same signature.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bullet_trt.protocol import SmSplit
 from bullet_trt.spatial.perf_model import PerfModel, PrefillShape
@@ -71,6 +74,9 @@ class PolicyState:
     # The longest step every decoding row's TPOT can still afford (spatial/row_pace.py,
     # serve.row_tpot_budget); None: the plan's bound alone.
     row_step_ms: float | None = None
+    # serve.split_ahead: while prompts gather, decode moves now to the complement of the split
+    # their batch is expected to get, so that the prefill starts on SMs decode has left.
+    split_ahead: bool = False
 
     @property
     def decode_step_sms(self) -> int:
@@ -121,6 +127,9 @@ class Decision:
     predicted_prefill_ms: float = 0.0
     predicted_decode_ms: float = 0.0
     fuse: bool = False  # the admitted prompts ride in decode's next step (prefill_sms None)
+    # Nothing admitted yet, but prompts gather for a batch that is expected to get this
+    # split: decode may move to its complement ahead of the prefill (serve.split_ahead).
+    ahead_sms: int | None = None
 
     def decode_sms(self, total: int) -> int:
         return SmSplit(total, self.prefill_sms).decode_sms
@@ -243,32 +252,50 @@ def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decis
     if state.beside_prefill_sms is not None:  # the partition is taken: prompts wait for it
         return Decision(prefill_sms=None, admit=[])
     if gathering(state):
-        return Decision(prefill_sms=None, admit=[])
+        ahead = None
+        if state.split_ahead and state.splits:
+            ahead = choose_split(gathered(state), slo, model)
+        return Decision(prefill_sms=None, admit=[], ahead_sms=ahead)
     if state.decode_batch == 0 or not state.splits:  # alone, or nothing to split (CPU)
         admit, ms = _admit(state, slo, model, state.total_sms)
         return Decision(None, admit, predicted_prefill_ms=ms)
+    chosen = choose_split(state, slo, model)
+    admit, pre_ms = _admit(state, slo, model, chosen)
+    return Decision(chosen, admit, predicted_prefill_ms=pre_ms, predicted_decode_ms=_decode_ms(state, model, chosen))
 
-    def decode_ms(prefill_sms: int) -> float:
-        return model.decode_ms(state.decode_batch, state.decode_total_ctx,
-                               SmSplit(state.total_sms, prefill_sms).decode_sms)
 
+def _decode_ms(state: PolicyState, model: PerfModel, prefill_sms: int) -> float:
+    return model.decode_ms(state.decode_batch, state.decode_total_ctx,
+                           SmSplit(state.total_sms, prefill_sms).decode_sms)
+
+
+def choose_split(state: PolicyState, slo: SloConfig, model: PerfModel) -> int:
+    """Prefill's SMs for the waiting queue, beside a running decode (state.splits not empty)."""
     target = step_target(state, slo)
-    tpot_ok = [s for s in state.splits if decode_ms(s) <= target]
+    tpot_ok = [s for s in state.splits if _decode_ms(state, model, s) <= target]
     # Fewest prefill SMs that keep TTFT; decode keeps the rest (if that meets TPOT) ...
     chosen = next((s for s in tpot_ok if queue_meets_ttft(state, slo, model, s)), None)
     if chosen is None:
         # TTFT is at risk: prefill takes what decode can spare and stay within TPOT, or,
         # when no split meets TPOT, as little as the partitioner offers.
-        chosen = tpot_ok[-1] if tpot_ok else state.splits[0]
-    else:
-        # ... unless decode cannot use them: prefill also takes every SM that decode can
-        # give up with its step still within its budget.
-        budget = decode_step_budget(state, slo, model)
-        spare = [s for s in tpot_ok if decode_ms(s) <= budget]
-        if spare and spare[-1] > chosen:
-            chosen = spare[-1]
-    admit, pre_ms = _admit(state, slo, model, chosen)
-    return Decision(chosen, admit, predicted_prefill_ms=pre_ms, predicted_decode_ms=decode_ms(chosen))
+        return tpot_ok[-1] if tpot_ok else state.splits[0]
+    # ... unless decode cannot use them: prefill also takes every SM that decode can
+    # give up with its step still within its budget.
+    budget = decode_step_budget(state, slo, model)
+    spare = [s for s in tpot_ok if _decode_ms(state, model, s) <= budget]
+    return max(chosen, spare[-1]) if spare else chosen
+
+
+def gathered(state: PolicyState) -> PolicyState:
+    """The state as the gathering is expected to end: the waiting prompts and, if they hold
+    fewer than batch_tokens, one more prompt arriving now with the rest. A guess at the
+    batch that will start, for the split decode moves to ahead of it: the queue grows while
+    it gathers, and a batch that outgrows the guess shares SMs with decode for the steps
+    that its move takes."""
+    missing = state.batch_tokens - sum(w.num_tokens for w in state.waiting)
+    if missing <= 0:
+        return state
+    return replace(state, waiting=[*state.waiting, WaitingPrompt(state.now, missing)])
 
 
 def static_policy(state: PolicyState, slo: SloConfig, model: PerfModel, prefill_sms: int) -> Decision:
