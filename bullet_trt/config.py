@@ -111,10 +111,12 @@ class ServeConfig:
     # handshake"). false: the prefill starts at once, beside a decode step that may still
     # hold the whole GPU.
     prefill_waits_for_split: bool = False
-    # bullet: while prompts gather for a batch (prefill_hold_fraction), decode moves at once to
-    # the complement of the split that batch is expected to get, so that the prefill starts on
-    # SMs decode has already left instead of beside decode's steps on the whole GPU, without
-    # the wait of prefill_waits_for_split; decode's steps meanwhile run on fewer SMs.
+    # bullet: while prompts wait for a prefill not yet started (gathering for a batch, see
+    # prefill_hold_fraction, or admitted as a prefill ends, to launch at the next turn), decode
+    # moves at once to the complement of the split they are expected to get, so that the
+    # prefill starts on SMs decode has already left instead of beside decode's steps on the
+    # whole GPU, without the wait of prefill_waits_for_split; decode's steps meanwhile run on
+    # fewer SMs.
     split_ahead: bool = False
     # bullet: the SM split is planned so that the waiting prompts are prefilled within this
     # fraction of the TTFT SLO (the rest absorbs arrivals and prediction error).

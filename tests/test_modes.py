@@ -177,6 +177,44 @@ def test_decode_moves_ahead_to_the_split_of_a_gathering_batch(tiny_engine, tmp_p
     assert ahead is None and before_the_prefill(records)[1] == [64] * 3
 
 
+def test_decode_goes_from_one_prefill_split_to_the_next_not_through_the_whole_gpu(tiny_engine):
+    """serve.split_ahead: a prefill ends while a prompt waits for the next one, which the next
+    call launches: decode's update names the split that prefill is expected to get, where
+    without it decode went to the whole GPU in between (and the next prefill started beside
+    its steps there). The decode worker's real updates, recorded on their way."""
+    from bullet_trt.engine.request import NewRequest
+    from bullet_trt.protocol import SmSplit
+
+    def splits_sent(split_ahead: bool) -> list:
+        with LLM(str(tiny_engine), **{"serve.mode": "bullet", "serve.prefill_hold_fraction": 0.0,
+                                      "serve.split_ahead": split_ahead}) as llm:
+            core = llm.engine
+            core.total_sms, core.splits = 64, list(range(8, 64, 8))
+            sent, send = [], core.decode.send_update
+            core.decode.send_update = lambda update: (sent.append(update.split), send(update))
+            long = SamplingParams(max_tokens=300, temperature=0, ignore_eos=True)
+            core.add_request(NewRequest("long", prompts(1, seed=3)[0], long))
+            for _ in range(5):
+                core.step()
+            short = SamplingParams(max_tokens=2, temperature=0)
+            core.add_request(NewRequest("first", prompts(1, seed=4)[0], short))
+            core.step()
+            assert core.prefilling is not None  # the first prompt's prefill is in flight
+            core.add_request(NewRequest("second", prompts(1, seed=5)[0], short))
+            after_first = len(sent)
+            while not (core.prefilling and core.prefilling.seqs[0].request_id == "second"):
+                core.step()
+            between = sent[after_first:]
+            while core.has_unfinished():
+                core.step()
+        return between
+
+    whole = SmSplit.whole(64)
+    ahead = splits_sent(True)
+    assert ahead and whole not in ahead
+    assert whole in splits_sent(False)
+
+
 def test_bad_split_configuration_is_a_startup_error(llama_engine):
     from bullet_trt.config import ConfigError
     with pytest.raises(ConfigError, match="static_prefill_sms"):

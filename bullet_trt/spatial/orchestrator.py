@@ -228,7 +228,12 @@ class SpatialEngine:
         self._send_decode_update()
         if self.prefilling is None and not self.fused and not self.rows:
             return outputs
+        prefill_in_flight = self.prefilling is not None
         outputs += self._collect()
+        if prefill_in_flight and self.prefilling is None and not self.fused and self.queues.waiting:
+            # the prefill ended with prompts waiting: decode goes to the split the next one is
+            # expected to get, not to the whole GPU until the next call launches it
+            self._move_ahead(self._decision(list(self.queues.waiting)))
         # Grants, joins and leaves go out before the caller ships the outputs, so the decode
         # worker's rows seldom wait for a block. Prefill relaunches at the next call, which
         # first takes in the requests that arrived meanwhile.
@@ -429,16 +434,22 @@ class SpatialEngine:
         self.prefill.submit(items, split, after_decode_epoch=self.rows.split_epoch if wait else 0)
 
     def _move_ahead(self, decision) -> None:
-        """While prompts gather, decode runs on the complement of the split they are expected
-        to get (serve.split_ahead), so that it has left those SMs when their prefill starts:
-        decode's move reaches its steps one or two steps after it is sent, and a prefill that
-        started at once on its partition shared SMs with decode's steps on the whole GPU for
-        that long. The split only grows while they gather (the queue does), so decode does not
-        move back and forth between turns."""
-        if decision.ahead_sms is None:
+        """While prompts wait for a prefill that has not started, decode runs on the complement
+        of the split they are expected to get (serve.split_ahead), so that it has left those SMs
+        when the prefill starts: decode's move reaches its steps one or two steps after it is
+        sent, and a prefill that started at once on its partition shared SMs with decode's steps
+        on the whole GPU for that long. Expected: the split a gathering batch is planned for, or
+        the one a decision admitted prompts to, which the next call launches. The split only
+        grows while they wait (the queue does), so decode does not move back and forth."""
+        if not self.cfg.serve.split_ahead:
+            return
+        expected = decision.ahead_sms
+        if expected is None and decision.admit and not decision.fuse:
+            expected = decision.prefill_sms
+        if expected is None:
             self.ahead = None
-        elif self.ahead is None or decision.ahead_sms > self.ahead.prefill_sms:
-            self.ahead = SmSplit(self.total_sms, decision.ahead_sms)
+        elif self.ahead is None or expected > self.ahead.prefill_sms:
+            self.ahead = SmSplit(self.total_sms, expected)
 
     def _prefilled(self, job: PrefillJob, results: list) -> list[RequestOutput]:
         """The job's sequences, their prompts now cached, start decoding (or finish)."""
