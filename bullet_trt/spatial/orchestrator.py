@@ -230,7 +230,8 @@ class SpatialEngine:
             return outputs
         prefill_in_flight = self.prefilling is not None
         outputs += self._collect()
-        if prefill_in_flight and self.prefilling is None and not self.fused and self.queues.waiting:
+        if (self.cfg.serve.split_ahead and prefill_in_flight and self.prefilling is None and not self.fused
+                and self.queues.waiting):
             # the prefill ended with prompts waiting: decode goes to the split the next one is
             # expected to get, not to the whole GPU until the next call launches it
             self._move_ahead(self._decision(list(self.queues.waiting)))
