@@ -132,8 +132,8 @@ class SpatialEngine:
             ranks.pool_ready(self.state.num_blocks)
         self.static_split = SmSplit(self.total_sms, static_split)
         self.prefilling: PrefillJob | None = None  # on the prefill partition
-        # serve.split_ahead: the split the gathering prompts are expected to get, which decode
-        # moves to before their prefill starts
+        # serve.split_ahead: the split that prompts waiting for a prefill not yet started are
+        # expected to get, which decode moves to before it starts
         self.ahead: SmSplit | None = None
         # riding in decode's steps, one job a step in the order sent: the one a step carries
         # now and the next, sent meanwhile so that it rides in the very next step
