@@ -141,8 +141,7 @@ class EngineCore:
         reqs = self.requests
         plan = self.scheduler.schedule(reqs.ends_for_certain)
         if not plan:
-            step = self.ahead.take_pending()
-            return self._report_ahead(step) if step is not None else []
+            return self._report_ahead(self.ahead.take_pending())
         chunks = plan.decodes + plan.prefills
         try:
             step = self.ahead.launch(chunks, [reqs.item(c.seq, c.num_new_tokens) for c in chunks], len(plan.decodes))
@@ -150,12 +149,13 @@ class EngineCore:
             if not device_usable(self.session.device):
                 raise
             trace = traceback.format_exc()
-            step = self.ahead.take_pending()
-            outputs = self._report_ahead(step) if step is not None else []
-            return outputs + self._step_failed(chunks, trace)
-        return self._report_ahead(step) if step is not None else []
+            return self._report_ahead(self.ahead.take_pending()) + self._step_failed(chunks, trace)
+        return self._report_ahead(step)
 
-    def _report_ahead(self, step: StepAhead) -> list[RequestOutput]:
+    def _report_ahead(self, step: StepAhead | None) -> list[RequestOutput]:
+        """The outputs of the step that was in flight (none if none was)."""
+        if step is None:
+            return []
         reqs = self.requests
         try:
             kept = self.ahead.results(step)

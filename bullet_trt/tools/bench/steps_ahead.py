@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more engine overrides")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    from bullet_trt.config import load_engine_config
+    from bullet_trt.config import load_engine_config, parse_overrides
     from bullet_trt.model.arch import ModelArch
 
     vocab = ModelArch.from_checkpoint(load_engine_config(args.engine_dir).checkpoint_path).vocab_size
@@ -102,9 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides.update({"decode.max_num_seqs": 1024, "decode.cuda_graph_batch_sizes": DECODE_GRAPHS,
                           "prefill.piecewise_graph_tokens": str([t for t in (128, 256, 512, 1024, 2048, 4096)
                                                                  if t <= args.chunk] or [args.chunk])})
-    for kv in args.set:
-        key, _, value = kv.partition("=")
-        overrides[key] = value
+    overrides.update(parse_overrides(args.set))
     report = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
               "requests": args.requests, "per_step": args.per_step, "prompt": args.prompt, "output": args.output,
               "chunk": args.chunk, "overrides": overrides}
