@@ -96,6 +96,23 @@ def test_an_moe_models_spatial_prefill_worker_gets_piecewise_graphs_and_a_dense_
     assert ranks.prefill.piecewise_graph_tokens == []  # pieces run on one rank only
 
 
+def test_chunked_mode_launches_a_dense_models_steps_one_ahead_on_one_gpu_unless_told_otherwise(tmp_path, llama8b):
+    sized = config(tmp_path, {"serve.mode": "chunked"})
+    assert "decode.overlap_steps=true" in size_for(sized, llama8b, H200) and sized.decode.overlap_steps
+    told = config(tmp_path, {"serve.mode": "chunked", "decode.overlap_steps": "false"})
+    size_for(told, llama8b, H200)
+    assert not told.decode.overlap_steps
+    ranks = config(tmp_path, {"serve.mode": "chunked", "parallel.tensor_parallel_size": "2"})
+    size_for(ranks, llama8b, H200)
+    assert not ranks.decode.overlap_steps  # the overlapped loop runs on one GPU
+    moe = config(tmp_path, {"serve.mode": "chunked"})
+    size_for(moe, ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"]), H200)
+    assert not moe.decode.overlap_steps  # not yet served with an MoE model
+    bullet = config(tmp_path, {"serve.mode": "bullet"})
+    size_for(bullet, llama8b, H200)
+    assert not bullet.decode.overlap_steps  # its runs at TPOT <= 50 ms and on Azure-like loads first
+
+
 def test_bullet_plans_an_moe_models_decode_steps_up_to_the_tpot_slo_unless_told_otherwise(tmp_path, llama8b):
     moe = ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"])
     bullet = config(tmp_path, {"serve.mode": "bullet"})
