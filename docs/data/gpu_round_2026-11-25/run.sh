@@ -65,6 +65,9 @@
 set -u
 stage=${1:?stage}
 G="--set decode.cuda_graph_batch_sizes=[1,2,4,8,16,32,48,64,96,128,160,192,256,320,384,448,512,640,768,896,1024] --set decode.max_num_seqs=1024 --set serve.chunk_size=${CHUNK:-2048}"
+# The plain host loop unless SETS names a loop: a sized chunked server launches its steps one
+# ahead since the fifteenth round (serving/device_sizing.py), and a run's label names only SETS.
+[[ " ${SETS:-} " == *" decode.overlap_steps="* ]] || G="$G --set decode.overlap_steps=false"
 PW="--set prefill.piecewise_graph_tokens=[128,256,512,768,1024,1280,1536,1792,2048]"
 DATASET=${DATASET:-sharegpt} TTFT_SLO=${TTFT_SLO:-1000} TPOT_SLO=${TPOT_SLO:-50}
 COMMON="--start-server --engine-dir $ENGINE --dataset $DATASET --duration 60 --ttft-slo-ms $TTFT_SLO --tpot-slo-ms $TPOT_SLO --no-progress"
