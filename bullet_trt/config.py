@@ -116,8 +116,11 @@ class ServeConfig:
     # moves at once to the complement of the split they are expected to get, so that the
     # prefill starts on SMs decode has already left instead of beside decode's steps on the
     # whole GPU, without the wait of prefill_waits_for_split; decode's steps meanwhile run on
-    # fewer SMs.
+    # fewer SMs. A gathering batch moves decode only once it is expected to start within
+    # split_ahead_lead_steps of decode's steps: parked on the complement for whole holds,
+    # decode lost more than the shared SMs cost (docs/benchmarks.md, fifteenth round).
     split_ahead: bool = False
+    split_ahead_lead_steps: float = 2.0
     # bullet: the SM split is planned so that the waiting prompts are prefilled within this
     # fraction of the TTFT SLO (the rest absorbs arrivals and prediction error).
     ttft_plan_fraction: float = 0.5
@@ -263,6 +266,8 @@ class EngineConfig:
             raise ConfigError(f"serve.grant_lookahead_tokens must be >= 0, got {s.grant_lookahead_tokens}")
         if not 0 < s.tpot_plan_fraction <= 2:
             raise ConfigError(f"serve.tpot_plan_fraction must be in (0, 2], got {s.tpot_plan_fraction}")
+        if s.split_ahead_lead_steps < 0:
+            raise ConfigError(f"serve.split_ahead_lead_steps must be >= 0, got {s.split_ahead_lead_steps}")
         if s.prefill_batch_tokens < 0:
             raise ConfigError(f"serve.prefill_batch_tokens must be >= 0, got {s.prefill_batch_tokens}")
         if s.chunk_size <= 0:

@@ -157,7 +157,7 @@ def test_decode_moves_ahead_to_the_split_of_a_gathering_batch(tiny_engine, tmp_p
     complement of the split the batch is expected to get, and its prefill then starts on SMs
     decode has left: none of its time beside a decode step on SMs it holds (`bench overlap`'s
     figure, from the iteration log), with or without decode's steps launched one ahead.
-    Without it decode keeps the whole GPU until the prefill starts."""
+    Without it, or before the batch is due, decode keeps the whole GPU until the prefill starts."""
     from bullet_trt.tools.bench.split_overlap import overlap_report
 
     def before_the_prefill(records):
@@ -165,8 +165,10 @@ def test_decode_moves_ahead_to_the_split_of_a_gathering_batch(tiny_engine, tmp_p
         return short, [r["decode_sms"] for r in records if r["phase"] == "decode" and r["t"] < short["t"]][-3:]
 
     for overlap in (False, True):
+        # a lead longer than the 30 s hold: the batch is due while it gathers
         records, ahead = _gather_beside_a_decoding_request(
             tiny_engine, tmp_path / f"ahead_{overlap}.jsonl", **{"serve.split_ahead": True,
+                                                                 "serve.split_ahead_lead_steps": 1e9,
                                                                  "decode.overlap_steps": overlap})
         assert ahead is not None and ahead.decode_sms < 64
         short, gathering = before_the_prefill(records)
@@ -174,6 +176,10 @@ def test_decode_moves_ahead_to_the_split_of_a_gathering_batch(tiny_engine, tmp_p
         assert 0 < short["prefill_sms"] <= ahead.prefill_sms
         assert overlap_report(records)["prefill_share_sharing_sms"] == 0.0
     records, ahead = _gather_beside_a_decoding_request(tiny_engine, tmp_path / "plain.jsonl")
+    assert ahead is None and before_the_prefill(records)[1] == [64] * 3
+    # with the default lead of two decode steps a hold with most of its 30 s to run is not due
+    records, ahead = _gather_beside_a_decoding_request(tiny_engine, tmp_path / "not_due.jsonl",
+                                                       **{"serve.split_ahead": True})
     assert ahead is None and before_the_prefill(records)[1] == [64] * 3
 
 
@@ -227,6 +233,8 @@ def test_bad_split_configuration_is_a_startup_error(llama_engine):
         LLM(str(llama_engine), **{"serve.mode": "bullet", "serve.tpot_plan_fraction": 0})
     with pytest.raises(ConfigError, match="serve.fuse_prefill must be never, auto or always, got 'often'"):
         LLM(str(llama_engine), **{"serve.mode": "bullet", "serve.fuse_prefill": "often"})
+    with pytest.raises(ConfigError, match="serve.split_ahead_lead_steps must be >= 0, got -1"):
+        LLM(str(llama_engine), **{"serve.mode": "bullet", "serve.split_ahead": True, "serve.split_ahead_lead_steps": -1})
     # an 8-SM phase failed the decode worker's graph capture in cuBLAS on an H100: refused before any worker starts
     with pytest.raises(ConfigError, match=r"serve.min_phase_sms must be >= 16 .*got 8"):
         LLM(str(llama_engine), **{"serve.mode": "bullet", "serve.min_phase_sms": 8})

@@ -6,7 +6,7 @@ import pytest
 
 from bullet_trt.spatial.perf_model import PerfModel, PrefillShape
 from bullet_trt.spatial.policy import (PolicyState, SloConfig, WaitingPrompt, bullet_policy,
-                                         decode_step_budget,
+                                         decode_step_budget, gathering_ends_in_ms,
                                          queue_meets_ttft, static_policy)
 from tests.test_perf_model import COST, TRUE
 
@@ -201,7 +201,8 @@ def test_while_prompts_gather_decode_may_move_ahead_to_the_split_their_batch_wil
     the hold waits for (the prompts there, topped up to batch_tokens by one arriving now); when
     that prompt does arrive, the batch starts at once on exactly that split, so decode, moved
     to its complement meanwhile, has left the prefill's SMs already."""
-    hold = dict(hold_ms=200.0, batch_tokens=3072, max_prefill_seqs=16, split_ahead=True)
+    # a lead longer than the hold: the batch counts as due from the start (the gate: below)
+    hold = dict(hold_ms=200.0, batch_tokens=3072, max_prefill_seqs=16, split_ahead=True, ahead_lead_steps=1e6)
     short = ((0.0, 150), (0.05, 200))
     gathering = bullet_policy(state(waiting=short, now=0.1, **hold), SLO, MODEL)
     assert gathering.admit == [] and gathering.prefill_sms is None
@@ -371,3 +372,30 @@ def test_a_short_row_keeps_decode_more_sms_beside_a_late_queue():
     assert short.predicted_decode_ms <= 25.0 < alone.predicted_decode_ms
     # rows that afford more than the plan change nothing
     assert bullet_policy(state(waiting=LATE, row_step_ms=80.0), plan, MODEL).prefill_sms == alone.prefill_sms
+
+
+def test_a_gathering_batch_is_expected_when_its_hold_ends_or_sooner_at_the_pace_prompts_arrive():
+    hold = dict(hold_ms=200.0, batch_tokens=1024, max_prefill_seqs=8)
+    # one prompt: nothing tells the pace yet, so the hold's end
+    assert gathering_ends_in_ms(state(waiting=((0.0, 100),), now=0.05, **hold)) == pytest.approx(150.0)
+    # 800 tokens came 100 ms after the oldest: the 124 missing ones are due in 15.5 ms
+    assert gathering_ends_in_ms(state(waiting=((0.0, 100), (0.09, 800)), now=0.1, **hold)) == pytest.approx(15.5)
+    # one prompt short of the batch's count, at one prompt per 50 ms
+    few = dict(hold, max_prefill_seqs=3)
+    assert gathering_ends_in_ms(state(waiting=((0.0, 10), (0.02, 10)), now=0.05, **few)) == pytest.approx(50.0)
+    assert gathering_ends_in_ms(state(waiting=((0.0, 100),), now=0.3, **hold)) == 0.0
+
+
+def test_a_gathering_batch_moves_decode_ahead_only_once_it_is_due():
+    """serve.split_ahead with its default lead of two decode steps: a batch whose hold has far
+    to run leaves decode on the whole GPU (parked on the complement for whole holds, decode
+    lost more than the shared SMs cost on an H200); near its expected start the decision names
+    its split."""
+    hold = dict(hold_ms=200.0, batch_tokens=3072, max_prefill_seqs=16, split_ahead=True)
+    lead_ms = 2 * MODEL.decode_ms(32, 32 * 1024, 132)
+    one = ((0.0, 150),)
+    far = bullet_policy(state(waiting=one, now=0.2 - 2 * lead_ms / 1e3, **hold), SLO, MODEL)
+    assert far.admit == [] and far.ahead_sms is None
+    near = bullet_policy(state(waiting=one, now=0.2 - lead_ms / 2e3, **hold), SLO, MODEL)
+    assert near.admit == [] and near.ahead_sms in SPLITS
+

@@ -373,7 +373,7 @@ class SpatialEngine:
             hold_ms=s.prefill_hold_fraction * self.slo.ttft_ms, batch_tokens=s.prefill_batch_tokens,
             beside_prefill_sms=None if self.prefilling is None else self.prefilling.split.decode_sms,
             row_step_ms=self._row_step_ms(decoding, ctx) if s.row_tpot_budget else None,
-            split_ahead=s.split_ahead)
+            split_ahead=s.split_ahead, ahead_lead_steps=s.split_ahead_lead_steps)
         if self._static_split():
             return static_policy(state, self.slo, self.perf, self.splits[0])
         return bullet_policy(state, self.slo, self.perf)
@@ -439,16 +439,19 @@ class SpatialEngine:
         of the split they are expected to get (serve.split_ahead), so that it has left those SMs
         when the prefill starts: decode's move reaches its steps one or two steps after it is
         sent, and a prefill that started at once on its partition shared SMs with decode's steps
-        on the whole GPU for that long. Expected: the split a gathering batch is planned for, or
-        the one a decision admitted prompts to, which the next call launches. The split only
-        grows while they wait (the queue does), so decode does not move back and forth."""
+        on the whole GPU for that long. Expected: the split a gathering batch is planned for once
+        it is due, or the one a decision admitted prompts to, which the next call launches. The
+        split only grows while they wait (the queue does), and a batch once due stays so until
+        it starts (its expected start moves with each arrival), so decode does not move back
+        and forth."""
         if not self.cfg.serve.split_ahead:
             return
         expected = decision.ahead_sms
         if expected is None and decision.admit and not decision.fuse:
             expected = decision.prefill_sms
         if expected is None:
-            self.ahead = None
+            if not self.queues.waiting:
+                self.ahead = None
         elif self.ahead is None or expected > self.ahead.prefill_sms:
             self.ahead = SmSplit(self.total_sms, expected)
 

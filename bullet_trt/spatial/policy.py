@@ -31,7 +31,8 @@ TPOT target and the step's token budget; a prompt that does not fit goes to the 
 partition as above. Prompts may ride in decode's steps while the partition holds a prefill
 (decode's steps then run on the SMs it leaves), so one path does not wait for the other. A
 phase with nothing to do yields every SM, except with `serve.split_ahead`: while prompts
-gather, the decision names the split their batch is expected to get (`gathered`), and decode
+gather and their batch is expected within a few of decode's steps (`gathering_ends_in_ms`),
+the decision names the split it is expected to get (`gathered`), and decode
 moves to its complement before the prefill starts, since a move reaches decode's steps only one
 or two steps after it is sent and a prefill started meanwhile shares SMs with decode's steps on
 the whole GPU. The `static` policy is the fixed-split baseline behind the same signature.
@@ -75,8 +76,10 @@ class PolicyState:
     # serve.row_tpot_budget); None: the plan's bound alone.
     row_step_ms: float | None = None
     # serve.split_ahead: while prompts gather, decode moves now to the complement of the split
-    # their batch is expected to get, so that the prefill starts on SMs decode has left.
+    # their batch is expected to get, so that the prefill starts on SMs decode has left, once
+    # the batch is expected within this many of decode's steps.
     split_ahead: bool = False
+    ahead_lead_steps: float = 2.0
 
     @property
     def decode_step_sms(self) -> int:
@@ -253,7 +256,8 @@ def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decis
         return Decision(prefill_sms=None, admit=[])
     if gathering(state):
         ahead = None
-        if state.split_ahead and state.splits:
+        if state.split_ahead and state.splits and gathering_ends_in_ms(state) <= state.ahead_lead_steps * model.decode_ms(
+                state.decode_batch, state.decode_total_ctx, state.decode_step_sms):
             ahead = choose_split(gathered(state), slo, model)
         return Decision(prefill_sms=None, admit=[], ahead_sms=ahead)
     if state.decode_batch == 0 or not state.splits:  # alone, or nothing to split (CPU)
@@ -284,6 +288,23 @@ def choose_split(state: PolicyState, slo: SloConfig, model: PerfModel) -> int:
     budget = decode_step_budget(state, slo, model)
     spare = [s for s in tpot_ok if _decode_ms(state, model, s) <= budget]
     return max(chosen, spare[-1]) if spare else chosen
+
+
+def gathering_ends_in_ms(state: PolicyState) -> float:
+    """When the gathering is expected to end: the oldest prompt's hold running out, or sooner
+    the waiting prompts reaching batch_tokens or the batch's prompt count, at the pace the
+    prompts after the oldest arrived (none after it yet: the hold alone)."""
+    oldest = min(state.waiting, key=lambda w: w.arrival)
+    waited_ms = (state.now - oldest.arrival) * 1e3
+    ends = state.hold_ms - waited_ms
+    if len(state.waiting) > 1 and waited_ms > 0:
+        tokens = sum(w.num_tokens for w in state.waiting)
+        since = tokens - oldest.num_tokens
+        if since > 0:
+            ends = min(ends, (state.batch_tokens - tokens) * waited_ms / since)
+        room = min(state.max_prefill_seqs, state.free_seq_slots) - len(state.waiting)
+        ends = min(ends, room * waited_ms / (len(state.waiting) - 1))
+    return max(0.0, ends)
 
 
 def gathered(state: PolicyState) -> PolicyState:
