@@ -255,10 +255,7 @@ def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decis
     if state.beside_prefill_sms is not None:  # the partition is taken: prompts wait for it
         return Decision(prefill_sms=None, admit=[])
     if gathering(state):
-        ahead = None
-        if state.split_ahead and state.splits and gathering_ends_in_ms(state) <= state.ahead_lead_steps * model.decode_ms(
-                state.decode_batch, state.decode_total_ctx, state.decode_step_sms):
-            ahead = choose_split(gathered(state), slo, model)
+        ahead = choose_split(gathered(state), slo, model) if _due_ahead(state, model) else None
         return Decision(prefill_sms=None, admit=[], ahead_sms=ahead)
     if state.decode_batch == 0 or not state.splits:  # alone, or nothing to split (CPU)
         admit, ms = _admit(state, slo, model, state.total_sms)
@@ -288,6 +285,15 @@ def choose_split(state: PolicyState, slo: SloConfig, model: PerfModel) -> int:
     budget = decode_step_budget(state, slo, model)
     spare = [s for s in tpot_ok if _decode_ms(state, model, s) <= budget]
     return max(chosen, spare[-1]) if spare else chosen
+
+
+def _due_ahead(state: PolicyState, model: PerfModel) -> bool:
+    """serve.split_ahead: the gathering batch is expected within ahead_lead_steps of decode's
+    steps, so decode moves off its SMs now."""
+    if not (state.split_ahead and state.splits):
+        return False
+    step_ms = model.decode_ms(state.decode_batch, state.decode_total_ctx, state.decode_step_sms)
+    return gathering_ends_in_ms(state) <= state.ahead_lead_steps * step_ms
 
 
 def gathering_ends_in_ms(state: PolicyState) -> float:
