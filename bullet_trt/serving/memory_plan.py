@@ -2,7 +2,7 @@
 its share of the weights, the KV pool left beside them, and how many decoding rows that pool
 keeps at a typical context. Device sizing uses it for the GPU it runs on; `bullet-trt plan`
 prints it for GPUs and TP sizes not at hand (the large runs are planned with it before a
-machine of several GPUs is lent).
+machine of several GPUs is at hand).
 
 Sharding is Megatron's: attention heads, MLP columns, experts and the vocabulary split
 `tp` ways; KV heads too while there are at least `tp` of them, else each rank keeps the one
