@@ -916,7 +916,7 @@ def test_a_started_servers_own_lines_about_its_settings_are_kept_and_tritons_are
     assert engine_notes(tmp_path / "missing.log") == []
 
 
-def test_the_report_says_what_each_started_server_said_about_itself(tmp_path):
+def test_the_report_says_what_each_started_server_said_and_the_gpus_clock_in_each_run(tmp_path):
     from bullet_trt.tools.bench.report import markdown_table
     from bullet_trt.tools.bench.results import load_results
     _fake_run(tmp_path, "bullet", 1.0, 0.05)
@@ -926,8 +926,11 @@ def test_the_report_says_what_each_started_server_said_about_itself(tmp_path):
     for path in tmp_path.glob("bullet__*.json"):
         doc = json.loads(path.read_text())
         doc["engine_notes"] = ["performance model: calibrated on NVIDIA H200", sized]
+        doc["gpu_telemetry"] = {"summary": {"sm_clock_mhz": {"p50": 1635.0}, "power_w": {"p50": 690.3}}}
         path.write_text(json.dumps(doc))
     md = markdown_table(load_results(tmp_path))
+    # the GPU's clock and power beside each run that sampled them
+    assert md.count("| 1635 MHz / 690 W |") == 2 and md.count("| - |\n") == 1
     # once per label, whatever its runs; a label whose server said nothing has no line
     assert md.count(f"- bullet: performance model: calibrated on NVIDIA H200 / {sized}") == 1
     assert "- chunked:" not in md

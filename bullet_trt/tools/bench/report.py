@@ -33,7 +33,7 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
     head = ["label", "dataset", "rate (req/s)", "seed", "done", "req/s", "out tok/s", "TTFT p50/p90/p99",
             "TPOT p50/p90/p99", "ITL p50/p90/p99", "E2E p50", "SLO attain.", "missed: failed / TTFT / TPOT only",
             "goodput (req/s)",
-            "last third: attain.", "last third: served / asked out tok/s"]
+            "last third: attain.", "last third: served / asked out tok/s", "SM clock / power p50"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join("---" for _ in head) + "|")
     scored = []
@@ -53,7 +53,8 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
                # a run stopped early counted what it finished over a shortened span (report_plots.per_rate)
                "- (stopped)" if d.get("stopped_early") else f"{s['goodput']:.2f}",
                "-" if tail is None else f"{tail.tail_attainment * 100:.1f}%",
-               "-" if tail is None else f"{tail.served_tok_s:.0f} / {tail.offered_tok_s:.0f}"]
+               "-" if tail is None else f"{tail.served_tok_s:.0f} / {tail.offered_tok_s:.0f}",
+               _telemetry_cell(d)]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", capacity.markdown(capacity.capacities(scored))]
     lines += _engine_notes_section(docs)
@@ -145,6 +146,14 @@ def _steady_state_text(doc: dict) -> str:
         return ""
     return (f"; last third of arrivals: attainment {tail.tail_attainment * 100:.1f}%, "
             f"{tail.served_tok_s:.0f} out tok/s served of {tail.offered_tok_s:.0f} asked")
+
+
+def _telemetry_cell(doc: dict) -> str:
+    """The GPU's clock and power while requests arrived: a power-capped GPU runs its SMs slower,
+    which moves a mode's edge between hosts and between modes (docs/benchmarks.md)."""
+    t = (doc.get("gpu_telemetry") or {}).get("summary") or {}
+    clock, power = t.get("sm_clock_mhz"), t.get("power_w")
+    return f"{clock['p50']:.0f} MHz / {power['p50']:.0f} W" if clock and power else "-"
 
 
 def _telemetry_text(doc: dict) -> str:
