@@ -148,20 +148,24 @@ def _steady_state_text(doc: dict) -> str:
             f"{tail.served_tok_s:.0f} out tok/s served of {tail.offered_tok_s:.0f} asked")
 
 
+def _telemetry(doc: dict) -> dict | None:
+    """The GPU's sampled summary while requests arrived, if it has both clock and power."""
+    t = (doc.get("gpu_telemetry") or {}).get("summary") or {}
+    return t if t.get("sm_clock_mhz") and t.get("power_w") else None
+
+
 def _telemetry_cell(doc: dict) -> str:
     """The GPU's clock and power while requests arrived: a power-capped GPU runs its SMs slower,
     which moves a mode's edge between hosts and between modes (docs/benchmarks.md)."""
-    t = (doc.get("gpu_telemetry") or {}).get("summary") or {}
-    clock, power = t.get("sm_clock_mhz"), t.get("power_w")
-    return f"{clock['p50']:.0f} MHz / {power['p50']:.0f} W" if clock and power else "-"
+    t = _telemetry(doc)
+    return "-" if t is None else f"{t['sm_clock_mhz']['p50']:.0f} MHz / {t['power_w']['p50']:.0f} W"
 
 
 def _telemetry_text(doc: dict) -> str:
-    t = (doc.get("gpu_telemetry") or {}).get("summary") or {}
-    clock, power = t.get("sm_clock_mhz"), t.get("power_w")
-    if not clock or not power:
+    t = _telemetry(doc)
+    if t is None:
         return ""
     capped = t.get("power_capped_fraction")
     capped_text = f", power-capped {capped * 100:.0f}% of samples" if capped is not None else ""
-    return (f"; while arriving: SM clock p50 {clock['p50']:.0f} MHz, power p50 {power['p50']:.0f} W"
+    return (f"; while arriving: SM clock p50 {t['sm_clock_mhz']['p50']:.0f} MHz, power p50 {t['power_w']['p50']:.0f} W"
             + capped_text)
