@@ -545,6 +545,8 @@ def test_gpu_telemetry_device_choice_and_absence():
     doc["gpu_telemetry"] = {"summary": {"sm_clock_mhz": {"p50": 1620.0}, "power_w": {"p50": 688.0},
                                         "power_capped_fraction": 0.75}}
     assert format_row(doc).endswith("SM clock p50 1620 MHz, power p50 688 W, power-capped 75% of samples")
+    doc["gpu_telemetry"]["summary"]["gpu_sm_util_pct"] = {"p10": 35.0, "p50": 54.0, "p90": 100.0}
+    assert format_row(doc).endswith("power-capped 75% of samples, busy p50 54%")
 
 
 def test_rates_parsing():
@@ -931,6 +933,13 @@ def test_the_report_says_what_each_started_server_said_and_the_gpus_clock_in_eac
     md = markdown_table(load_results(tmp_path))
     # the GPU's clock and power beside each run that sampled them
     assert md.count("| 1635 MHz / 690 W |") == 2 and md.count("| - |\n") == 1
+    # and the share of time it ran a kernel, where sampled
+    path = sorted(tmp_path.glob("bullet__*.json"))[0]
+    doc = json.loads(path.read_text())
+    doc["gpu_telemetry"]["summary"]["gpu_sm_util_pct"] = {"p50": 46.0}
+    path.write_text(json.dumps(doc))
+    md = markdown_table(load_results(tmp_path))
+    assert md.count("| 1635 MHz / 690 W / 46% |") == 1 and md.count("| 1635 MHz / 690 W |") == 1
     # once per label, whatever its runs; a label whose server said nothing has no line
     assert md.count(f"- bullet: performance model: calibrated on NVIDIA H200 / {sized}") == 1
     assert "- chunked:" not in md

@@ -33,7 +33,7 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
     head = ["label", "dataset", "rate (req/s)", "seed", "done", "req/s", "out tok/s", "TTFT p50/p90/p99",
             "TPOT p50/p90/p99", "ITL p50/p90/p99", "E2E p50", "SLO attain.", "missed: failed / TTFT / TPOT only",
             "goodput (req/s)",
-            "last third: attain.", "last third: served / asked out tok/s", "SM clock / power p50"]
+            "last third: attain.", "last third: served / asked out tok/s", "SM clock / power / busy p50"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join("---" for _ in head) + "|")
     scored = []
@@ -158,7 +158,18 @@ def _telemetry_cell(doc: dict) -> str:
     """The GPU's clock and power while requests arrived: a power-capped GPU runs its SMs slower,
     which moves a mode's edge between hosts and between modes (docs/benchmarks.md)."""
     t = _telemetry(doc)
-    return "-" if t is None else f"{t['sm_clock_mhz']['p50']:.0f} MHz / {t['power_w']['p50']:.0f} W"
+    if t is None:
+        return "-"
+    busy = _busy_p50(t)
+    return (f"{t['sm_clock_mhz']['p50']:.0f} MHz / {t['power_w']['p50']:.0f} W"
+            + ("" if busy is None else f" / {busy:.0f}%"))
+
+
+def _busy_p50(t: dict) -> float | None:
+    """NVML's utilization: the share of time some kernel ran. A mode whose host cannot launch
+    steps as fast as the GPU runs them shows it low while requests queue (chunked's collapses
+    on the H200, docs/benchmarks.md), where a GPU-bound one stays near 100%."""
+    return (t.get("gpu_sm_util_pct") or {}).get("p50")
 
 
 def _telemetry_text(doc: dict) -> str:
@@ -167,5 +178,7 @@ def _telemetry_text(doc: dict) -> str:
         return ""
     capped = t.get("power_capped_fraction")
     capped_text = f", power-capped {capped * 100:.0f}% of samples" if capped is not None else ""
+    busy = _busy_p50(t)
+    busy_text = f", busy p50 {busy:.0f}%" if busy is not None else ""
     return (f"; while arriving: SM clock p50 {t['sm_clock_mhz']['p50']:.0f} MHz, power p50 {t['power_w']['p50']:.0f} W"
-            + capped_text)
+            + capped_text + busy_text)
