@@ -41,6 +41,7 @@ def test_the_command_prints_and_writes_both_ratios(tmp_path, capsys):
     assert main(["--rows", "64", "--steps", "5", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "staging the inputs" in printed and "masking banned tokens" in printed
+    assert "a mixed step's attention metadata (+ a 1024-token chunk)" in printed
     result = json.loads(out.read_text())
     assert result["rows"] == 64 and result["steps"] == 5
-    assert result["staging_ratio"] > 0 and result["ban_ratio"] > 0
+    assert result["staging_ratio"] > 0 and result["ban_ratio"] > 0 and result["metadata_ratio"] > 0

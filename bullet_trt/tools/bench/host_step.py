@@ -3,14 +3,17 @@ one run on this host's CPU (no GPU needed: this is the part of a step the GPU wa
 
     bullet-trt bench host-step [--rows 1024] [--steps 200] [--json PATH]
 
-Two pieces are timed over a batch that changes as a loaded server's does (each step one row
+Three pieces are timed over a batch that changes as a loaded server's does (each step one row
 leaves, one joins, every row moves a token on, a row at a block's end gets the next block):
 - staging the step's inputs (engine/graph_inputs.py) against writing every row's block table
   from scratch, as the decode graphs did before;
 - masking banned tokens (engine/sampling._ban) against listing every (row, token) pair, with
   every row banning the same end tokens, as a fixed-length benchmark's requests do until their
   min_tokens. The mask is timed on a (rows, 8) float32 tensor: the scatter's work belongs to
-  the device, the lists' to the host.
+  the device, the lists' to the host;
+- the attention metadata of a mixed step, as chunked mode builds it each step (the batch's rows
+  decoding beside a 1024-token chunk of a fresh prompt; kernels/metadata.py, in numpy) against
+  the nested lists it was built from before. On the CPU: its device copies are not timed.
 Each figure is the median milliseconds a step over `--steps` steps, and the ratio of the
 baseline's to the current code's.
 """
@@ -26,11 +29,13 @@ import torch
 
 from bullet_trt.engine.graph_inputs import DecodeInputStaging
 from bullet_trt.engine.sampling import _ban
+from bullet_trt.kernels.metadata import AttentionMetadata
 from bullet_trt.tools.bench.json_output import write_json
 
 BLOCK = 16
 MAX_BLOCKS = 256  # max_model_len 4096
 END_IDS = [128001, 128008, 128009]  # Llama 3's end tokens
+MIXED_CHUNK = 1024  # chunked mode's sized chunk on an H100 or H200
 
 
 def stage_from_scratch(i64: np.ndarray, i32: np.ndarray, block_size: int, token_ids, positions, tables,
@@ -53,6 +58,29 @@ def stage_from_scratch(i64: np.ndarray, i32: np.ndarray, block_size: int, token_
     for row, t in zip(table_rows, tables):
         row[:len(t)] = t
     table_rows[batch:padded] = 0
+
+
+def metadata_from_lists(q_lens: list[int], seq_lens: list[int], tables: list[list[int]],
+                        block_size: int) -> tuple[torch.Tensor, ...]:
+    """A mixed step's attention metadata as AttentionMetadata.build made it before it moved to
+    numpy: each token's slot in a Python loop, the tables padded as lists and made one nested-list
+    tensor. Returns (cu_seqlens_q, seq_lens, block_tables, slot_mapping). The reference the build
+    is tested against, too (tests/test_attention_metadata.py)."""
+    cu, slots = [0], []
+    for q_len, total, table in zip(q_lens, seq_lens, tables):
+        cu.append(cu[-1] + q_len)
+        for pos in range(total - q_len, total):
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+    width = max((len(t) for t in tables), default=1) or 1
+    padded = [t + [0] * (width - len(t)) for t in tables]
+    return (torch.tensor(cu, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32),
+            torch.tensor(padded, dtype=torch.int32), torch.tensor(slots, dtype=torch.int64))
+
+
+def with_chunk(positions: list[int], tables: list[list[int]], chunk: int, first_block: int):
+    """A decode batch's rows with a `chunk`-token prompt chunk after them: (q_lens, seq_lens, tables)."""
+    blocks = list(range(first_block, first_block + -(-chunk // BLOCK)))
+    return [1] * len(positions) + [chunk], [p + 1 for p in positions] + [chunk], tables + [blocks]
 
 
 def ban_by_pairs(logits: torch.Tensor, banned: list[list[int]]) -> None:
@@ -101,7 +129,8 @@ def run(rows: int, steps: int, seed: int = 0) -> dict:
     scratch64, scratch32 = i64.copy(), i32.copy()
     banned = [list(END_IDS) for _ in range(rows)]
     logits = torch.zeros(rows, 8)
-    times: dict[str, list[float]] = {"staging": [], "staging_before": [], "ban": [], "ban_before": []}
+    times: dict[str, list[float]] = {"staging": [], "staging_before": [], "ban": [], "ban_before": [],
+                                     "metadata": [], "metadata_before": []}
     # the end ids index a (rows, 8) tensor: the host's work is what is timed
     small = [[i % 8 for i in ids] for ids in banned]
     for _ in range(steps):
@@ -110,9 +139,13 @@ def run(rows: int, steps: int, seed: int = 0) -> dict:
         times["staging_before"].append(_timed(lambda: stage_from_scratch(scratch64, scratch32, BLOCK, *args)))
         times["ban"].append(_timed(lambda: _ban(logits, small)))
         times["ban_before"].append(_timed(lambda: ban_by_pairs(logits, small)))
+        mixed = with_chunk(args[1], args[2], MIXED_CHUNK, batch.next_block)
+        times["metadata"].append(_timed(lambda: AttentionMetadata.build(*mixed, BLOCK, "cpu")))
+        times["metadata_before"].append(_timed(lambda: metadata_from_lists(*mixed, BLOCK)))
     ms = {name: statistics.median(values) for name, values in times.items()}
     return {"rows": rows, "steps": steps, "median_ms": ms,
-            "staging_ratio": ms["staging_before"] / ms["staging"], "ban_ratio": ms["ban_before"] / ms["ban"]}
+            "staging_ratio": ms["staging_before"] / ms["staging"], "ban_ratio": ms["ban_before"] / ms["ban"],
+            "metadata_ratio": ms["metadata_before"] / ms["metadata"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({result['staging_ratio']:.1f}x)")
     print(f"  masking banned tokens: {ms['ban']:.3f} ms, by (row, token) pairs before: {ms['ban_before']:.3f} ms "
           f"({result['ban_ratio']:.1f}x)")
+    print(f"  a mixed step's attention metadata (+ a {MIXED_CHUNK}-token chunk): {ms['metadata']:.3f} ms, "
+          f"from nested lists before: {ms['metadata_before']:.3f} ms ({result['metadata_ratio']:.1f}x)")
     if args.json:
         write_json(args.json, result)
     return 0
