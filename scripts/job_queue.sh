@@ -17,10 +17,10 @@
 # (nvidia-smi's name): a file's `# gpu: NAME` line names the GPUs it is for (any whose name
 # contains NAME), a file without one is for any; it exits 1 when none is, since a figure
 # measured on the wrong GPU is worse than none (a machine asked for with one kind of GPU
-# may come with another). `drop` removes the queued jobs that differ from the given one only in their SEED=
-# (and seconds) and prints them: the protocol's other seeds of a rate that one seed's run has
-# decided (bench serve's "decided whatever the protocol's other seeds attain"); a job without
-# SEED= has no such siblings.
+# may come with another). `drop` removes the queued jobs that differ from the given one only
+# in their SEED= (and seconds) and prints them: the protocol's other seeds of a rate that one
+# seed's run has decided (bench serve's "decided whatever the protocol's other seeds attain");
+# a job without SEED= has no such siblings.
 set -u -o pipefail
 usage() { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//;$d' >&2; exit 2; }
 case "${1:-}" in

@@ -10,10 +10,11 @@ import torch
 from bullet_trt.kernels.host_to_device import device_tensor
 
 
-def padded_tables(block_tables: list[list[int]]) -> np.ndarray:
+def padded_tables(block_tables: list[list[int]], lengths: np.ndarray | None = None) -> np.ndarray:
     """(B, longest table) int32: each row its table, then zeros; one column for a batch of
-    empty tables."""
-    lengths = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(block_tables))
+    empty tables. `lengths`: the tables' lengths, where the caller has them already."""
+    if lengths is None:
+        lengths = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(block_tables))
     width = max(int(lengths.max()) if len(lengths) else 0, 1)
     out = np.zeros((len(block_tables), width), dtype=np.int32)
     flat = np.fromiter(itertools.chain.from_iterable(block_tables), dtype=np.int32, count=int(lengths.sum()))
@@ -59,8 +60,8 @@ class AttentionMetadata:
         runs suggest it does (docs/benchmarks.md)."""
         q = np.asarray(q_lens, dtype=np.int64)
         total = np.asarray(seq_lens, dtype=np.int64)
-        tables = padded_tables(block_tables)
         lengths = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(block_tables))
+        tables = padded_tables(block_tables, lengths)
         needs = np.where(q > 0, (total + block_size - 1) // block_size, 0)
         short = np.flatnonzero(needs > lengths)
         if len(short):  # its slots would come from the padding: another sequence's block 0

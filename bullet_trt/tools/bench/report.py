@@ -155,8 +155,8 @@ def _telemetry(doc: dict) -> dict | None:
 
 
 def _telemetry_cell(doc: dict) -> str:
-    """The GPU's clock and power while requests arrived: a power-capped GPU runs its SMs slower,
-    which moves a mode's edge between hosts and between modes (docs/benchmarks.md)."""
+    """The GPU's clock, power and busy share while requests arrived: a power-capped GPU runs its
+    SMs slower, which moves a mode's edge between hosts and between modes (docs/benchmarks.md)."""
     t = _telemetry(doc)
     if t is None:
         return "-"
@@ -180,5 +180,5 @@ def _telemetry_text(doc: dict) -> str:
     capped_text = f", power-capped {capped * 100:.0f}% of samples" if capped is not None else ""
     busy = _busy_p50(t)
     busy_text = f", busy p50 {busy:.0f}%" if busy is not None else ""
-    return (f"; while arriving: SM clock p50 {t['sm_clock_mhz']['p50']:.0f} MHz, power p50 {t['power_w']['p50']:.0f} W"
-            + capped_text + busy_text)
+    return (f"; while arriving: SM clock p50 {t['sm_clock_mhz']['p50']:.0f} MHz, "
+            f"power p50 {t['power_w']['p50']:.0f} W" + capped_text + busy_text)
