@@ -67,7 +67,7 @@ def test_a_mixed_step_is_launched_without_waiting_for_the_step_in_flight(engine)
         assert plan.prefills and any(c.seq.num_pending for c in plan.decodes)  # fed rows and a prompt chunk
         items = [core.requests.item(c.seq, c.num_new_tokens) for c in chunks]
         with no_host_sync():
-            step = core.ahead.launch(chunks, items)
+            step = core.ahead.launch(chunks, items, len(plan.decodes))
         core._report_ahead(step)
         ends = {}
         while core.has_unfinished():
