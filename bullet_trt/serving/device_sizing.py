@@ -137,12 +137,13 @@ def sized_tpot_plan(arch: ModelArch, mode: str) -> float | None:
 
 def sized_overlap(cfg: EngineConfig, arch: ModelArch, mode: str) -> bool:
     """Whether chunked mode launches its steps one ahead, as SGLang runs its scheduler by default:
-    under the protocol at TPOT <= 40 ms chunked-1024 sustained 38 req/s with them on an H200
-    against 34 without, and 36 or more on an H100 against 26 (docs/benchmarks.md). The loop runs
-    on one GPU only, and no MoE model has been served with it yet. The spatial modes' decode
-    worker has the same loop, which lags a change of split by a step; it held its edges at both
-    TPOT SLOs, and waits for its runs on the Azure-like loads, whose prefills change the split
-    more often."""
+    at TPOT <= 40 ms chunked-1024 sustained 38 req/s with them on an H200 against 34 without
+    (three seeds), and with the attention metadata built in numpy held 40 there and 44 on an H100
+    against 26 without (one seed; docs/benchmarks.md). The loop runs on one GPU only, and no MoE
+    model has been served with it yet. The spatial modes' decode worker has the same loop, which
+    lags a change of split by a step; it held its edges at both TPOT SLOs and the H200's
+    Azure-code-like 16 (one seed), and waits for the Azure-conversation-like load, whose prefills
+    change the split more often."""
     return mode == "chunked" and cfg.parallel.tensor_parallel_size == 1 and not arch.moe_layers
 
 
