@@ -90,3 +90,20 @@ def test_the_sm_time_a_log_held_per_phase():
     assert held["sms"] == 132
     assert held["prefill"] == pytest.approx(50 * 48 / span) and held["decode"] == pytest.approx((50 * 84 + 40 * 132 + 0.001 * 132) / span)
     assert sm_time_shares([{**r, "sms": 0} for r in records]) is None  # a CPU log: no SM counts
+
+
+def test_one_phase_reported_apart_with_its_launches_that_outran_their_windows():
+    """Chunked's mixed steps launch eager attention between piecewise graphs, its decode steps
+    one graph: --phase reports one kind alone, each step's gap still measured to the next step
+    of any phase, and the share of launches longer than their step's window."""
+    records = [step("mixed", 300, 0, 30) | {"launch_ms": 31.0}, step("decode", 300, 30.5, 45.5) | {"launch_ms": 4.0},
+               step("mixed", 300, 47.5, 77.5) | {"launch_ms": 20.0}, step("decode", 300, 78, 93) | {"launch_ms": 4.0}]
+    (mixed,) = decode_gaps(records, phase="mixed")
+    assert mixed["steps"] == 2 and mixed["window_p50_ms"] == pytest.approx(30)
+    assert mixed["gap_p50_ms"] == pytest.approx((0.5 + 0.5) / 2)  # to the decode step after each
+    assert mixed["launch_p50_ms"] == pytest.approx(25.5) and mixed["launch_over_window_share"] == 0.5
+    (decode,) = decode_gaps(records, phase="decode")
+    assert decode["steps"] == 2 and decode["window_p50_ms"] == pytest.approx(15)
+    assert decode["gap_p50_ms"] == pytest.approx(2) and decode["launch_over_window_share"] == 0.0
+    (both,) = decode_gaps(records)
+    assert both["steps"] == 4 and both["launch_over_window_share"] == 0.25

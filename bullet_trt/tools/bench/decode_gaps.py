@@ -31,6 +31,15 @@ Steps launched one ahead (decode.overlap_steps) log their launch's host time too
 p50 column. It should be a small part of the window; near the whole window, each launch waited
 for its own step on the device and the gaps are what the plain loop's would be (2026-11-27,
 twelfth round: the banned-token mask's host synchronize, `bench decode-overlap` names such calls).
+The "launch>win" column is the share of those steps whose launch took longer than their window:
+where it is large and the gaps grow, the host sets the pace.
+
+`--phase mixed` (or decode, fused) reports only the steps of that phase, each still measured
+to the next step of any phase: chunked's mixed steps apart from its decode steps, whose launches
+(eager attention between piecewise graphs against one graph) cost the host very differently.
+(Chunked-1024 one ahead at 40 req/s on an H200, TPOT <= 40 ms: mixed steps of 256-511 rows
+launched in 24.4 ms p50 against 29.7 ms windows, 0.01 ms between steps; 2026-11-27, seventeenth
+round's log.)
 """
 from __future__ import annotations
 
@@ -45,23 +54,27 @@ from bullet_trt.tools.bench.sm_time import sm_time_shares
 BANDS = ((1, 63), (64, 255), (256, 511), (512, 1 << 30))
 
 
-def decode_gaps(records: list[dict], clock: str = "gpu") -> list[dict]:
+STEP_PHASES = ("decode", "fused", "mixed")  # mixed: chunked's steps with prompt chunks
+
+
+def decode_gaps(records: list[dict], clock: str = "gpu", phase: str | None = None) -> list[dict]:
     """One row per band of batch sizes that has steps: steps, window and gap p50 / p90 (ms),
     and the gaps' share of windows plus gaps, on `clock` ("gpu" or "host", as
     iteration_records.step_windows). A step's gap is the time to the next decode step's start;
-    the last step has none."""
-    timed = [(r, w) for r, w in zip(records, step_windows(records, clock))
-             if r["phase"] in ("decode", "fused", "mixed")]  # mixed: chunked's steps with prompt chunks
+    the last step has none. `phase`: report only that phase's steps (gaps still run to the next
+    step of any phase)."""
+    timed = [(r, w) for r, w in zip(records, step_windows(records, clock)) if r["phase"] in STEP_PHASES]
     timed.sort(key=lambda rw: rw[1][0])
     rows = []
     for low, high in BANDS:
-        windows, gaps, launches, at_split = [], [], [], 0.0
+        windows, gaps, launches, launch_over, at_split = [], [], [], 0, 0.0
         for (step, (start, end)), after in zip(timed, timed[1:] + [None]):
-            if not low <= step["batch"] <= high:
+            if not low <= step["batch"] <= high or phase not in (None, step["phase"]):
                 continue
             windows.append((end - start) * 1e3)
             if "launch_ms" in step:
                 launches.append(step["launch_ms"])
+                launch_over += step["launch_ms"] > windows[-1]
             if after is not None:
                 gaps.append((after[1][0] - end) * 1e3)
                 if after[0].get("decode_sms") != step.get("decode_sms"):
@@ -79,6 +92,7 @@ def decode_gaps(records: list[dict], clock: str = "gpu") -> list[dict]:
                     "gap_at_split_share": at_split / idle if idle > 0 else 0.0}
         if launches:
             row["launch_p50_ms"] = percentiles(launches, (50,))["p50"]
+            row["launch_over_window_share"] = launch_over / len(launches)
         rows.append(row)
     return rows
 
@@ -87,7 +101,8 @@ def _line(name: str, row: dict) -> str:
     gap = (f"{row['gap_p50_ms']:8.2f} {row['gap_p90_ms']:8.2f} {100 * row['gap_share']:8.1f}% "
            f"{100 * row['gap_at_split_share']:7.0f}%"
            if "gap_p50_ms" in row else f"{'-':>8} {'-':>8} {'-':>9} {'-':>8}")
-    launch = f"{row['launch_p50_ms']:10.2f}" if "launch_p50_ms" in row else f"{'-':>10}"
+    launch = (f"{row['launch_p50_ms']:10.2f} {100 * row['launch_over_window_share']:9.1f}%"
+              if "launch_p50_ms" in row else f"{'-':>10} {'-':>10}")
     return (f"{name:<40} {row['batch']:>9} {row['steps']:>6} {row['window_p50_ms']:8.2f} "
             f"{row['window_p90_ms']:8.2f} {gap} {launch}")
 
@@ -95,18 +110,20 @@ def _line(name: str, row: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bullet-trt bench gaps", description=__doc__.split("\n\n")[0])
     ap.add_argument("logs", nargs="+", help="iteration logs (.jsonl, .jsonl.gz or .jsonl.xz)")
+    ap.add_argument("--phase", choices=STEP_PHASES, help="report only this phase's steps (default: all)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = ap.parse_args(argv)
     report = {}
     for path in args.logs:
         records = load(path)
         clock = "gpu" if has_gpu_stamps(records) else "host"
-        report[path] = {"clock": clock, "bands": decode_gaps(records, clock), "sm_time": sm_time_shares(records, clock)}
+        report[path] = {"clock": clock, "bands": decode_gaps(records, clock, args.phase),
+                        "sm_time": sm_time_shares(records, clock)}
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
     print(f"{'log':<40} {'batch':>9} {'steps':>6} {'win p50':>8} {'win p90':>8} {'gap p50':>8} {'gap p90':>8} "
-          f"{'gap share':>9} {'at split':>8} {'launch p50':>10}   (ms)")
+          f"{'gap share':>9} {'at split':>8} {'launch p50':>10} {'launch>win':>10}   (ms)")
     for path, read in report.items():
         name = path if len(path) <= 40 else "..." + path[-37:]
         for row in read["bands"]:
