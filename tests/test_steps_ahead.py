@@ -58,6 +58,20 @@ def test_the_steps_launched_ahead_end_every_request_as_the_plain_loop_does(engin
     assert len(plain[1][0]) == ref[1].index(ref[1][6]) and plain[8][0] == []
 
 
+def test_a_mixture_of_experts_model_launched_ahead_picks_the_plain_loops_tokens(tmp_path_factory):
+    """Sizing leaves an MoE model's chunked steps in the plain loop until one is served launched
+    ahead on a GPU; the loop itself must already give its tokens: routed rows fed on the device
+    from the step in flight, greedy and sampled, every block back."""
+    moe = str(engine_dir_for(tmp_path_factory, "qwen3_moe-mixed")[0])
+    batch = prompts(8, seed=5)
+    params = ([SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)] * 4
+              + [SamplingParams(max_tokens=20, temperature=0.9, seed=3 + i, ignore_eos=True) for i in range(4)])
+    plain, _ = run(moe, batch, params, **CHUNKED)
+    ahead, _ = run(moe, batch, params, **AHEAD)
+    assert [(t, r) for t, r, _ in ahead] == [(t, r) for t, r, _ in plain]
+    assert all(len(t) == 20 for t, _, _ in plain)
+
+
 def test_a_dry_pool_preempts_under_the_steps_launched_ahead_as_without(engine):
     batch = prompts(12, seed=11)
     greedy = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)

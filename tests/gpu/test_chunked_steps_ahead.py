@@ -16,10 +16,11 @@ CHUNKED = {"serve.mode": "chunked", "serve.chunk_size": 64, "prefill.piecewise_g
 AHEAD = {**CHUNKED, "decode.overlap_steps": True}
 
 
-@pytest.fixture(scope="module")
-def engine(checkpoint, tmp_path_factory):
-    # fp32: both loops must pick the same tokens
-    return str(build_from_checkpoint(checkpoint("llama"), tmp_path_factory.mktemp("ahead") / "engine",
+@pytest.fixture(scope="module", params=["llama", "qwen3_moe-mixed"])
+def engine(checkpoint, tmp_path_factory, request):
+    """A dense model and a mixture-of-experts one, whose routing and fused experts must launch
+    without a host wait too. fp32: both loops must pick the same tokens."""
+    return str(build_from_checkpoint(checkpoint(request.param), tmp_path_factory.mktemp("ahead") / "engine",
                                      max_model_len=256, dtype="float32"))
 
 
