@@ -73,3 +73,16 @@ def test_graphed_hidden_states_match_the_eager_forward_in_bfloat16(tmp_path):
         assert rel_err(got, expected) < 1e-2, variant
         assert rel_err(state.kv_pool, eager_pool) < 1e-2, variant
         assert torch.equal(state.kv_pool[:, :, 4:], eager_pool[:, :, 4:])  # no padded row wrote
+
+
+def test_the_mixed_step_bench_times_the_hosts_launch_apart(tmp_path):
+    """`bench mixed-step` on a small engine: each step's eager and graphed times, and the host's
+    time to queue the graphed step without waiting for it, in the result and its table."""
+    from bullet_trt.tools.bench.mixed_step import markdown, measure
+
+    e = engine(tmp_path, "llama", "bfloat16")
+    result = measure(str(e), chunks=[32], decode_rows=[0, 8], ctx=24)
+    assert [(r["chunk"], r["decode_rows"]) for r in result["steps"]] == [(32, 0), (32, 8)]
+    for row in result["steps"]:
+        assert 0 < row["graphed_launch_ms"] and 0 < row["graphed_ms"] and 0 < row["eager_ms"]
+    assert "graphed launch ms (host)" in markdown(result)

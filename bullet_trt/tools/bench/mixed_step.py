@@ -18,11 +18,20 @@ Token ids are random (a mixture-of-experts model routes them as it would real te
 their total time, and their sum: a step whose kernels fill a small share of its eager time
 (eager_ms) is bound by the host issuing them. The profile's own wall time includes the
 profiler's overhead (on an H100, 41.6 ms for a 15.8 ms step).
+
+Each step's times are from events around a launch and its wait, so they hold whatever the GPU
+idled while the host issued the step. Its host launch time is timed apart (graphed_launch_ms:
+the median time to queue the graphed step on an idle device, without waiting for it, as a
+serving engine launches steps one ahead): near graphed_ms, the host sets the step's pace, and a
+serving loop launching ahead cannot hide it. (In serving, chunked's mixed steps of 256-511 rows
+logged a 24.4 ms launch against 29.7 ms on an H200 at 40 req/s, seventeenth round: this tells
+how much of that is the host's own work.)
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -75,6 +84,21 @@ def kernel_profile(run, stream, top: int = 15) -> dict:
                         for e in kernels[:top]]}
 
 
+def host_launch_ms(launch, stream, repeats: int = 10) -> float:
+    """Median host milliseconds of `launch()` queuing a step (a StepInFlight) on an idle device,
+    without waiting for it; each step's results are taken before the next launch, so no launch
+    waits behind another's work in the device's queue."""
+    times = []
+    with torch.cuda.stream(stream):
+        for _ in range(repeats + 1):  # the first warms
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            flight = launch()
+            times.append((time.perf_counter() - start) * 1e3)
+            flight.results()
+    return statistics.median(times[1:])
+
+
 def step_flops(cost: ModelCost, chunk: int, decode_rows: int, ctx: int) -> float:
     """Dense FLOPs of the step's tokens and their attention (the chunk's causal half)."""
     pairs = chunk * (chunk + 1) / 2 + decode_rows * (ctx + 1)
@@ -121,8 +145,10 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
                         **kernel_profile(lambda: session.run(items), stream)}
             print(json.dumps(profiled), flush=True)
         tflops = step_flops(cost, chunk, decode, ctx) / graphed / 1e9
+        launch = host_launch_ms(lambda: session.launch(items), stream)  # session.piecewise: the graphs
         row = {"chunk": chunk, "decode_rows": decode, "eager_ms": round(eager, 3),
                "graphed_ms": round(graphed, 3), "eager_over_graphed": round(eager / graphed, 3),
+               "graphed_launch_ms": round(launch, 3),
                "graphed_TFLOPs": round(tflops, 1), "of_gemm_rate": round(tflops / rate, 3)}
         if repeated:
             same = eager_and_graphed(mixed_items(chunk, decode, ctx, state.block_size, vocab, repeated=True))
@@ -138,11 +164,13 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
 def markdown(result: dict) -> str:
     lines = [f"{result['gpu']}: chunked's mixed step, decode rows at {result['ctx']} cached tokens; "
              f"bf16 GEMM rate {result['gemm_TFLOPs']} TFLOP/s in the same run",
-             "", "| chunk | decode rows | eager ms | piecewise graphs ms | eager / graphed | graphed TFLOP/s | of GEMM rate |",
-             "|---|---|---|---|---|---|---|"]
+             "", "| chunk | decode rows | eager ms | piecewise graphs ms | eager / graphed | graphed launch ms (host) "
+             "| graphed TFLOP/s | of GEMM rate |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in result["steps"]:
         lines.append(f"| {r['chunk']} | {r['decode_rows']} | {r['eager_ms']} | {r['graphed_ms']} | "
-                     f"{r['eager_over_graphed']:.2f}x | {r['graphed_TFLOPs']} | {r['of_gemm_rate']:.0%} |")
+                     f"{r['eager_over_graphed']:.2f}x | {r.get('graphed_launch_ms', '-')} | {r['graphed_TFLOPs']} | "
+                     f"{r['of_gemm_rate']:.0%} |")
     if any("eager_repeated_ms" in r for r in result["steps"]):
         lines += ["", "one token id repeated (the steps earlier calibrations timed):", "",
                   "| chunk | decode rows | eager ms | piecewise graphs ms |", "|---|---|---|---|"]
