@@ -199,6 +199,11 @@ def test_decode_goes_from_one_prefill_split_to_the_next_not_through_the_whole_gp
             core.total_sms, core.splits = 64, list(range(8, 64, 8))
             sent, send = [], core.decode.send_update
             core.decode.send_update = lambda update: (sent.append(update.split), send(update))
+            # the prefill batches as the worker is given them: a prefill can start and end within
+            # one call of step(), so watching core.prefilling between calls may never see it
+            submitted, submit = [], core.prefill.submit
+            core.prefill.submit = lambda items, *a, **kw: (submitted.extend(it.request_id for it in items),
+                                                           submit(items, *a, **kw))
             long = SamplingParams(max_tokens=300, temperature=0, ignore_eos=True)
             core.add_request(NewRequest("long", prompts(1, seed=3)[0], long))
             for _ in range(5):
@@ -206,15 +211,15 @@ def test_decode_goes_from_one_prefill_split_to_the_next_not_through_the_whole_gp
             short = SamplingParams(max_tokens=2, temperature=0)
             core.add_request(NewRequest("first", prompts(1, seed=4)[0], short))
             core.step()
-            assert core.prefilling is not None  # the first prompt's prefill is in flight
+            assert core.prefilling is not None and submitted == ["long", "first"]  # first's prefill in flight
             core.add_request(NewRequest("second", prompts(1, seed=5)[0], short))
-            after_first = len(sent)
-            while not (core.prefilling and core.prefilling.seqs[0].request_id == "second"):
-                core.step()
-            between = sent[after_first:]
+            after_first, until_second = len(sent), None
             while core.has_unfinished():
                 core.step()
-        return between
+                if until_second is None and "second" in submitted:  # the step that launched it
+                    until_second = len(sent)
+        assert until_second is not None and submitted == ["long", "first", "second"]
+        return sent[after_first:until_second]
 
     whole = SmSplit.whole(64)
     ahead = splits_sent(True)
