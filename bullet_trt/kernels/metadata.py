@@ -56,8 +56,9 @@ class AttentionMetadata:
         of a few hundred decode rows brings thousands of block-table entries, and built from
         nested lists the metadata of 300 rows beside a 1024-token chunk took 3.3 ms of a
         two-core development host, 0.8 ms here (`bullet-trt bench host-step --rows 300`):
-        host time the GPU waits for once a step's launch outruns it, as chunked's failed H200
-        runs suggest it does (docs/benchmarks.md)."""
+        host time the GPU waits for once a step's launch outruns it: chunked launched one ahead
+        collapsed at 40 req/s on H200s with the lists and held that rate with this, on another
+        host (docs/benchmarks.md, seventeenth round)."""
         q = np.asarray(q_lens, dtype=np.int64)
         total = np.asarray(seq_lens, dtype=np.int64)
         lengths = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(block_tables))
