@@ -165,6 +165,18 @@ def test_auto_mode_is_chunked_without_a_gpu(tmp_path):
     assert resolve_mode(config(tmp_path, {"serve.mode": "bullet"})) == "bullet"
 
 
+def test_auto_mode_serves_chunked_under_a_tpot_slo_too_tight_for_the_split(tmp_path, monkeypatch, capsys):
+    from bullet_trt.spatial.partitioners import mps_daemon
+
+    monkeypatch.setattr(mps_daemon, "mps_daemon_running", lambda: True)  # a GPU whose workers could share it
+    assert resolve_mode(config(tmp_path, {"device": "cuda", "serve.tpot_slo_ms": "50"})) == "bullet"
+    assert resolve_mode(config(tmp_path, {"device": "cuda", "serve.tpot_slo_ms": "40"})) == "bullet"
+    assert resolve_mode(config(tmp_path, {"device": "cuda", "serve.tpot_slo_ms": "25"})) == "chunked"
+    assert "serve.tpot_slo_ms=25 is under 40 ms" in capsys.readouterr().err
+    assert resolve_mode(config(tmp_path, {"device": "cuda", "serve.tpot_slo_ms": "25",
+                                          "serve.mode": "bullet"})) == "bullet"
+
+
 def test_serve_starts_a_private_mps_daemon_only_where_asked_or_a_gpu_needs_one():
     import torch
 
