@@ -9,7 +9,9 @@ mixed-step (chunked mode's mixed step, eager against piecewise CUDA graphs), ste
 serving runs kept up with their arrivals, window by window), misses (a run's SLO misses by
 cause and output length), gaps (how long the GPU waited for the host between decode steps, from
 iteration logs), host-step (the host's share of a graphed decode step against the code before,
-on this CPU)."""
+on this CPU), interference (what a prefill beside them cost decode steps on their own partition,
+from an iteration log), decode-sms (decode steps' GPU time and SM-time on a partition against the
+whole GPU at the same rows, from an iteration log)."""
 from __future__ import annotations
 
 import importlib
@@ -30,6 +32,8 @@ KINDS = {
     "misses": "bullet_trt.tools.bench.misses",
     "gaps": "bullet_trt.tools.bench.decode_gaps",
     "host-step": "bullet_trt.tools.bench.host_step",
+    "interference": "bullet_trt.tools.bench.interference",
+    "decode-sms": "bullet_trt.tools.bench.decode_sms",
 }
 
 

@@ -2,6 +2,7 @@
 decode step) and each step's window in time, for the tools that read such a log."""
 from __future__ import annotations
 
+import bisect
 import json
 from pathlib import Path
 
@@ -25,3 +26,21 @@ def step_windows(records: list[dict], clock: str) -> list[tuple[float, float]]:
         t0 = min(r["gpu_start_ns"] for r in records)  # integers first: ns since an epoch overflow a float's precision
         return [((r["gpu_start_ns"] - t0) / 1e9, (r["gpu_end_ns"] - t0) / 1e9) for r in records]
     return [(r["t"], r["t"] + r["measured_ms"] / 1e3) for r in records]
+
+
+class PrefillTimeline:
+    """The prefill steps' windows of a log (one prefill at a time), to tell how much of another
+    step's window a prefill ran in."""
+
+    def __init__(self, records: list[dict], windows: list[tuple[float, float]]):
+        self.spans = sorted(w for r, w in zip(records, windows) if r["phase"] == "prefill")
+        self.starts = [a for a, _ in self.spans]
+
+    def share(self, a: float, b: float) -> float:
+        """Share of [a, b] during which a prefill ran."""
+        k = bisect.bisect_right(self.starts, b) - 1
+        covered = 0.0
+        while k >= 0 and self.spans[k][1] > a:
+            covered += max(0.0, min(b, self.spans[k][1]) - max(a, self.spans[k][0]))
+            k -= 1
+        return covered / (b - a) if b > a else 0.0

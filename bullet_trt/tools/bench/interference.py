@@ -1,0 +1,99 @@
+"""`bullet-trt bench interference`: what a prefill running beside them cost the decode steps on
+their own partition, read from an iteration log (serve.iteration_log) with the GPU's stamps.
+
+    bullet-trt bench interference iterations.jsonl[.xz] [--min-steps 20] [--json]
+
+A spatial split gains only as far as its two partitions run as if each had its SMs alone. A
+decode step on D SMs while a prefill runs on the others has its own SMs but shares the memory
+system and the power budget with the prefill; a step on the same D SMs with no prefill running
+(after a prefill ended, before decode moved back) has the GPU to itself. Grouped by decode SMs
+and rows (buckets of powers of two), the median GPU time of the steps that had a prefill beside
+them for their whole window, against the steps that had none: their ratio is what sharing the
+GPU cost decode. The rows' medians are printed beside, since the two kinds of steps come at
+different moments of a run. Steps on the whole GPU with a prefill running share SMs with it
+(each waits for the other's blocks); they are a group of their own.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from bullet_trt.tools.bench.iteration_records import PrefillTimeline, has_gpu_stamps, load, step_windows
+
+BESIDE, ALONE = 0.95, 0.01  # share of a step's window with a prefill running: whole, none
+
+
+def _bucket(rows: int) -> int:
+    return 1 << (max(rows, 1).bit_length() - 1)
+
+
+def interference_report(records: list[dict], min_steps: int = 20) -> dict:
+    if not has_gpu_stamps(records):
+        raise ValueError("the log has no GPU stamps (gpu_start_ns): the host's windows hold launch waits, "
+                         "which would pass for interference")
+    windows = step_windows(records, "gpu")
+    prefills = PrefillTimeline(records, windows)
+    total = max(r.get("decode_sms", 0) for r in records)
+    groups: dict[tuple[int, int], dict[str, list[tuple[float, int]]]] = {}
+    for r, (a, b) in zip(records, windows):
+        if r["phase"] != "decode":
+            continue
+        share = prefills.share(a, b)
+        kind = "beside" if share >= BESIDE else "alone" if share <= ALONE else None
+        if kind is None:
+            continue
+        group = groups.setdefault((r["decode_sms"], _bucket(r["batch"])), {"beside": [], "alone": []})
+        group[kind].append(((b - a) * 1e3, r["batch"]))
+    rows = []
+    for (sms, bucket), steps in sorted(groups.items()):
+        beside, alone = steps["beside"], steps["alone"]
+        if len(beside) < min_steps or len(alone) < min_steps:
+            continue
+        beside_ms = statistics.median(ms for ms, _ in beside)
+        alone_ms = statistics.median(ms for ms, _ in alone)
+        rows.append({"decode_sms": sms, "rows": f"{bucket}-{2 * bucket - 1}", "shares_sms": sms >= total,
+                     "alone_steps": len(alone), "beside_steps": len(beside),
+                     "alone_rows_p50": statistics.median(n for _, n in alone),
+                     "beside_rows_p50": statistics.median(n for _, n in beside),
+                     "alone_ms_p50": round(alone_ms, 3), "beside_ms_p50": round(beside_ms, 3),
+                     "beside_over_alone": round(beside_ms / alone_ms, 3)})
+    partition = [r for r in rows if not r["shares_sms"]]
+    weight = sum(r["beside_steps"] for r in partition)
+    return {"total_sms": total, "groups": rows,
+            "partition_beside_over_alone": round(sum(r["beside_over_alone"] * r["beside_steps"] for r in partition)
+                                                 / weight, 3) if weight else None}
+
+
+def markdown(report: dict) -> str:
+    lines = ["| decode SMs | rows | steps alone / beside a prefill | rows p50 alone / beside | GPU ms p50 alone | "
+             "GPU ms p50 beside | beside / alone |", "|---|---|---|---|---|---|---|"]
+    for r in report["groups"]:
+        sms = f"{r['decode_sms']} (shares SMs with the prefill)" if r["shares_sms"] else str(r["decode_sms"])
+        lines.append(f"| {sms} | {r['rows']} | {r['alone_steps']} / {r['beside_steps']} | "
+                     f"{r['alone_rows_p50']:g} / {r['beside_rows_p50']:g} | {r['alone_ms_p50']} | "
+                     f"{r['beside_ms_p50']} | {r['beside_over_alone']:.2f}x |")
+    overall = report["partition_beside_over_alone"]
+    lines += ["", "on a partition of their own, weighted by the steps beside a prefill: "
+              + (f"{overall:.2f}x" if overall is not None else "no group with enough steps of both kinds")]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bullet-trt bench interference", description=__doc__.split("\n\n")[0])
+    ap.add_argument("log", help="iteration log (JSONL, or .xz) written with serve.iteration_log on a GPU")
+    ap.add_argument("--min-steps", type=int, default=20, help="steps of each kind a group needs (default 20)")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = ap.parse_args(argv)
+    try:
+        report = interference_report(load(args.log), args.min_steps)
+    except ValueError as err:
+        print(f"bench interference: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report) if args.json else markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
