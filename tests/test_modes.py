@@ -3,6 +3,7 @@ modes leave a per-iteration record that the plot command draws."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -200,10 +201,18 @@ def test_decode_goes_from_one_prefill_split_to_the_next_not_through_the_whole_gp
             sent, send = [], core.decode.send_update
             core.decode.send_update = lambda update: (sent.append(update.split), send(update))
             # the prefill batches as the worker is given them: a prefill can start and end within
-            # one call of step(), so watching core.prefilling between calls may never see it
+            # one call of step(), so watching core.prefilling between calls may never see it. The
+            # first short prompt's batch reaches the worker half a second late, as from a slower
+            # prefill: its prefill is then surely in flight when the second prompt arrives
             submitted, submit = [], core.prefill.submit
-            core.prefill.submit = lambda items, *a, **kw: (submitted.extend(it.request_id for it in items),
-                                                           submit(items, *a, **kw))
+
+            def submit_recorded(items, *a, **kw):
+                submitted.extend(it.request_id for it in items)
+                if [it.request_id for it in items] == ["first"]:
+                    threading.Timer(0.5, submit, (items, *a), kw).start()
+                else:
+                    submit(items, *a, **kw)
+            core.prefill.submit = submit_recorded
             long = SamplingParams(max_tokens=300, temperature=0, ignore_eos=True)
             core.add_request(NewRequest("long", prompts(1, seed=3)[0], long))
             for _ in range(5):
