@@ -14,13 +14,12 @@ with its SMs, and a split then moves SM-time between the phases without saving a
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 
 from bullet_trt.tools.bench.interference import ALONE
-from bullet_trt.tools.bench.iteration_records import PrefillTimeline, has_gpu_stamps, load, step_windows
+from bullet_trt.tools.bench.iteration_records import (PrefillTimeline, has_gpu_stamps, load, log_reader_parser,
+                                                      print_report, step_windows)
 
 
 def decode_sms_report(records: list[dict], rows_bin: int = 64, min_steps: int = 10) -> dict:
@@ -58,19 +57,11 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bullet-trt bench decode-sms", description=__doc__.split("\n\n")[0])
-    ap.add_argument("log", help="iteration log (JSONL, or .xz) written with serve.iteration_log on a GPU")
+    ap = log_reader_parser("bullet-trt bench decode-sms", __doc__.split("\n\n")[0])
     ap.add_argument("--rows-bin", type=int, default=64, help="width of the bins of decode rows (default 64)")
     ap.add_argument("--min-steps", type=int, default=10, help="steps each group needs (default 10)")
-    ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
-    try:
-        report = decode_sms_report(load(args.log), args.rows_bin, args.min_steps)
-    except ValueError as err:
-        print(f"bench decode-sms: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(report) if args.json else markdown(report))
-    return 0
+    return print_report("bench decode-sms", lambda: decode_sms_report(load(args.log), args.rows_bin, args.min_steps), markdown, args.json)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,11 @@ different moments of a run. Steps on the whole GPU with a prefill running share 
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 
-from bullet_trt.tools.bench.iteration_records import PrefillTimeline, has_gpu_stamps, load, step_windows
+from bullet_trt.tools.bench.iteration_records import (PrefillTimeline, has_gpu_stamps, load, log_reader_parser,
+                                                      print_report, step_windows)
 
 BESIDE, ALONE = 0.95, 0.01  # share of a step's window with a prefill running: whole, none
 
@@ -81,18 +80,10 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bullet-trt bench interference", description=__doc__.split("\n\n")[0])
-    ap.add_argument("log", help="iteration log (JSONL, or .xz) written with serve.iteration_log on a GPU")
+    ap = log_reader_parser("bullet-trt bench interference", __doc__.split("\n\n")[0])
     ap.add_argument("--min-steps", type=int, default=20, help="steps of each kind a group needs (default 20)")
-    ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
-    try:
-        report = interference_report(load(args.log), args.min_steps)
-    except ValueError as err:
-        print(f"bench interference: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(report) if args.json else markdown(report))
-    return 0
+    return print_report("bench interference", lambda: interference_report(load(args.log), args.min_steps), markdown, args.json)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,12 @@
 decode step) and each step's window in time, for the tools that read such a log."""
 from __future__ import annotations
 
+import argparse
 import bisect
 import json
+import sys
 from pathlib import Path
+from typing import Callable
 
 from bullet_trt.tools.bench.kept_files import open_kept
 
@@ -44,3 +47,23 @@ class PrefillTimeline:
             covered += max(0.0, min(b, self.spans[k][1]) - max(a, self.spans[k][0]))
             k -= 1
         return covered / (b - a) if b > a else 0.0
+
+
+def log_reader_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The arguments every reader of one GPU-stamped iteration log takes: the log and --json."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("log", help="iteration log (JSONL, or .xz) written with serve.iteration_log on a GPU")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    return ap
+
+
+def print_report(prog: str, build: Callable[[], dict], render: Callable[[dict], str], as_json: bool) -> int:
+    """Prints a reader's report, as JSON or rendered; a log it cannot read is exit status 2 and
+    the reason on stderr."""
+    try:
+        report = build()
+    except ValueError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report) if as_json else render(report))
+    return 0
