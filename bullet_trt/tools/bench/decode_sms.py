@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows-bin", type=int, default=64, help="width of the bins of decode rows (default 64)")
     ap.add_argument("--min-steps", type=int, default=10, help="steps each group needs (default 10)")
     args = ap.parse_args(argv)
-    return print_report("bench decode-sms", lambda: decode_sms_report(load(args.log), args.rows_bin, args.min_steps), markdown, args.json)
+    return print_report("bench decode-sms", lambda: decode_sms_report(load(args.log), args.rows_bin, args.min_steps),
+                        markdown, args.json)
 
 
 if __name__ == "__main__":
