@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = log_reader_parser("bullet-trt bench interference", __doc__.split("\n\n")[0])
     ap.add_argument("--min-steps", type=int, default=20, help="steps of each kind a group needs (default 20)")
     args = ap.parse_args(argv)
-    return print_report("bench interference", lambda: interference_report(load(args.log), args.min_steps), markdown, args.json)
+    return print_report("bench interference", lambda: interference_report(load(args.log), args.min_steps),
+                        markdown, args.json)
 
 
 if __name__ == "__main__":
