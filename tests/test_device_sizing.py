@@ -177,12 +177,21 @@ def test_auto_mode_serves_chunked_under_a_tpot_slo_too_tight_for_the_split(tmp_p
                                           "serve.mode": "bullet"})) == "bullet"
 
 
-def test_serve_starts_a_private_mps_daemon_only_where_asked_or_a_gpu_needs_one():
+def test_serve_starts_a_private_mps_daemon_only_where_asked_or_a_gpu_needs_one(tmp_path):
     import torch
 
+    from bullet_trt.serving.mode_choice import may_run_spatial
     from bullet_trt.tools.cli import _private_mps_wanted
 
     assert _private_mps_wanted("on") is True and _private_mps_wanted("off") is False
+    # a configuration that can only serve chunked needs no daemon; asked for, it gets one
+    chunked = config(tmp_path, {"serve.mode": "chunked"})
+    tight = config(tmp_path, {"serve.tpot_slo_ms": "25"})
+    assert not may_run_spatial(chunked) and not may_run_spatial(tight)
+    assert _private_mps_wanted("auto", chunked) is False and _private_mps_wanted("auto", tight) is False
+    assert _private_mps_wanted("on", tight) is True
+    assert may_run_spatial(config(tmp_path)) and may_run_spatial(config(tmp_path, {"serve.mode": "static"}))
+    assert may_run_spatial(config(tmp_path, {"serve.mode": "bullet", "serve.tpot_slo_ms": "25"}))
     if not torch.cuda.is_available():
         assert _private_mps_wanted("auto") is False
 

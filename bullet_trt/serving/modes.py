@@ -8,15 +8,8 @@ from bullet_trt.config import EngineConfig
 from bullet_trt.engine.core import EngineCore
 from bullet_trt.serving.calibrate_on_start import ensure_calibrated
 from bullet_trt.serving.device_sizing import report, size_for_device
+from bullet_trt.serving.mode_choice import AUTO_BULLET_MIN_TPOT_SLO_MS, tpot_too_tight_for_split
 from bullet_trt.spatial.orchestrator import SpatialEngine
-
-
-# Under this TPOT SLO auto serves chunked even where bullet's workers could share the GPU: at
-# 25 ms bullet's decode, planned to the SLO on its own SMs, left prefill too few of them and it
-# sustained less than chunked launched one ahead on an H100 and on an H200; at 40 and 50 ms the
-# two matched on the H100 and bullet led by at most 1.09-1.14x on the H200 (docs/benchmarks.md,
-# eighteenth round). Between 25 and 40 ms nothing was measured.
-AUTO_BULLET_MIN_TPOT_SLO_MS = 40.0
 
 
 def resolve_mode(cfg: EngineConfig) -> str:
@@ -27,7 +20,7 @@ def resolve_mode(cfg: EngineConfig) -> str:
         return cfg.serve.mode
     if cfg.resolve_device() == "cpu":
         return "chunked"
-    if cfg.serve.tpot_slo_ms < AUTO_BULLET_MIN_TPOT_SLO_MS:
+    if tpot_too_tight_for_split(cfg):
         print(f"bullet_trt: serve.mode=auto runs chunked: serve.tpot_slo_ms={cfg.serve.tpot_slo_ms:g} is "
               f"under {AUTO_BULLET_MIN_TPOT_SLO_MS:g} ms, where bullet's split served less than chunked "
               "(--set serve.mode=bullet to run it anyway)", file=sys.stderr, flush=True)

@@ -84,15 +84,20 @@ def cmd_serve(args) -> int:
           f"gRPC {args.host}:{args.grpc_port}, metrics {args.host}:{args.metrics_port}{front}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    return _serve_supervised(cmd, env, _private_mps_wanted(args.mps), openai, args.api_key)
+    return _serve_supervised(cmd, env, _private_mps_wanted(args.mps, cfg), openai, args.api_key)
 
 
-def _private_mps_wanted(choice: str) -> bool:
+def _private_mps_wanted(choice: str, cfg=None) -> bool:
     """--mps auto: a GPU and no MPS daemon answering means the spatial modes' workers could
     only time-slice it, and serve.mode=auto would fall back to chunked; start a private
-    daemon then, where the driver's control binary is installed."""
+    daemon then, where the driver's control binary is installed, unless the configuration
+    (`cfg`) can only serve chunked: named, or auto under a TPOT SLO too tight for the split."""
     if choice != "auto":
         return choice == "on"
+    from bullet_trt.serving.mode_choice import may_run_spatial
+
+    if cfg is not None and not may_run_spatial(cfg):
+        return False
     import shutil
 
     from bullet_trt.spatial.partitioners.mps_daemon import mps_daemon_running
