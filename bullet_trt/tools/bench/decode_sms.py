@@ -17,21 +17,17 @@ from __future__ import annotations
 import statistics
 import sys
 
-from bullet_trt.tools.bench.interference import ALONE
-from bullet_trt.tools.bench.iteration_records import (PrefillTimeline, has_gpu_stamps, load, log_reader_parser,
-                                                      print_report, step_windows)
+from bullet_trt.tools.bench.iteration_records import (WITHOUT_A_PREFILL, decode_steps_beside_prefills, load,
+                                                      log_reader_parser, print_report)
 
 
 def decode_sms_report(records: list[dict], rows_bin: int = 64, min_steps: int = 10) -> dict:
-    if not has_gpu_stamps(records):
-        raise ValueError("the log has no GPU stamps (gpu_start_ns): the host's windows hold launch waits")
-    windows = step_windows(records, "gpu")
-    prefills = PrefillTimeline(records, windows)
-    total = max(r.get("decode_sms", 0) for r in records)
+    total, steps = decode_steps_beside_prefills(records)
     groups: dict[tuple[int, int], list[float]] = {}
-    for r, (a, b) in zip(records, windows):
-        if r["phase"] == "decode" and prefills.share(a, b) <= ALONE:
-            groups.setdefault((r["decode_sms"], r["batch"] // rows_bin * rows_bin), []).append((b - a) * 1e3)
+    for step in steps:
+        if step.prefill_share <= WITHOUT_A_PREFILL:
+            r = step.record
+            groups.setdefault((r["decode_sms"], r["batch"] // rows_bin * rows_bin), []).append(step.gpu_ms)
     rows = []
     for (sms, low), times in sorted(groups.items()):
         whole = groups.get((total, low), [])

@@ -18,10 +18,8 @@ from __future__ import annotations
 import statistics
 import sys
 
-from bullet_trt.tools.bench.iteration_records import (PrefillTimeline, has_gpu_stamps, load, log_reader_parser,
-                                                      print_report, step_windows)
-
-BESIDE, ALONE = 0.95, 0.01  # share of a step's window with a prefill running: whole, none
+from bullet_trt.tools.bench.iteration_records import (BESIDE_A_PREFILL, WITHOUT_A_PREFILL, decode_steps_beside_prefills,
+                                                      load, log_reader_parser, print_report)
 
 
 def _bucket(rows: int) -> int:
@@ -29,25 +27,19 @@ def _bucket(rows: int) -> int:
 
 
 def interference_report(records: list[dict], min_steps: int = 20) -> dict:
-    if not has_gpu_stamps(records):
-        raise ValueError("the log has no GPU stamps (gpu_start_ns): the host's windows hold launch waits, "
-                         "which would pass for interference")
-    windows = step_windows(records, "gpu")
-    prefills = PrefillTimeline(records, windows)
-    total = max(r.get("decode_sms", 0) for r in records)
+    total, steps = decode_steps_beside_prefills(records)
     groups: dict[tuple[int, int], dict[str, list[tuple[float, int]]]] = {}
-    for r, (a, b) in zip(records, windows):
-        if r["phase"] != "decode":
-            continue
-        share = prefills.share(a, b)
-        kind = "beside" if share >= BESIDE else "alone" if share <= ALONE else None
+    for step in steps:
+        share = step.prefill_share
+        kind = "beside" if share >= BESIDE_A_PREFILL else "alone" if share <= WITHOUT_A_PREFILL else None
         if kind is None:
             continue
+        r = step.record
         group = groups.setdefault((r["decode_sms"], _bucket(r["batch"])), {"beside": [], "alone": []})
-        group[kind].append(((b - a) * 1e3, r["batch"]))
+        group[kind].append((step.gpu_ms, r["batch"]))
     rows = []
-    for (sms, bucket), steps in sorted(groups.items()):
-        beside, alone = steps["beside"], steps["alone"]
+    for (sms, bucket), kinds in sorted(groups.items()):
+        beside, alone = kinds["beside"], kinds["alone"]
         if len(beside) < min_steps or len(alone) < min_steps:
             continue
         beside_ms = statistics.median(ms for ms, _ in beside)

@@ -6,6 +6,7 @@ import argparse
 import bisect
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -31,7 +32,7 @@ def step_windows(records: list[dict], clock: str) -> list[tuple[float, float]]:
     return [(r["t"], r["t"] + r["measured_ms"] / 1e3) for r in records]
 
 
-class PrefillTimeline:
+class _PrefillTimeline:
     """The prefill steps' windows of a log (one prefill at a time), to tell how much of another
     step's window a prefill ran in."""
 
@@ -47,6 +48,30 @@ class PrefillTimeline:
             covered += max(0.0, min(b, self.spans[k][1]) - max(a, self.spans[k][0]))
             k -= 1
         return covered / (b - a) if b > a else 0.0
+
+
+# the share of a decode step's window a prefill ran in: beside one for all of it, or for none
+BESIDE_A_PREFILL, WITHOUT_A_PREFILL = 0.95, 0.01
+
+
+@dataclass
+class TimedDecodeStep:
+    record: dict
+    gpu_ms: float
+    prefill_share: float  # of its window, a prefill running on the other SMs (or the same)
+
+
+def decode_steps_beside_prefills(records: list[dict]) -> tuple[int, list[TimedDecodeStep]]:
+    """The GPU's SMs (the most a decode step ran on) and every decode step with its GPU time and
+    the share of its window a prefill ran in. A log without the GPU's stamps is a ValueError: its
+    host windows hold launch waits, which would pass for the GPU's own time."""
+    if not has_gpu_stamps(records):
+        raise ValueError("the log has no GPU stamps (gpu_start_ns): the host's windows hold launch waits")
+    windows = step_windows(records, "gpu")
+    prefills = _PrefillTimeline(records, windows)
+    total = max(r.get("decode_sms", 0) for r in records)
+    return total, [TimedDecodeStep(r, (b - a) * 1e3, prefills.share(a, b))
+                   for r, (a, b) in zip(records, windows) if r["phase"] == "decode"]
 
 
 def log_reader_parser(prog: str, description: str) -> argparse.ArgumentParser:
