@@ -142,10 +142,9 @@ def sized_overlap(cfg: EngineConfig, arch: ModelArch, mode: str) -> bool:
     against 26 without (one seed; docs/benchmarks.md). The loop runs on one GPU only; over an MoE
     model it gives the plain loop's tokens on an H200 (its GPU tests, eighteenth round), but none
     has been served with it yet, so MoE stays in the plain loop until its rates are measured. The
-    spatial modes' decode worker has the same loop, which
-    lags a change of split by a step; it held its edges at both TPOT SLOs and the H200's
-    Azure-code-like 16 (one seed), and waits for the Azure-conversation-like load, whose prefills
-    change the split more often."""
+    spatial modes' decode worker has the same loop, which lags a change of split by a step; it held
+    its edges at both TPOT SLOs and the H200's Azure-code-like 16 (one seed), and waits for the
+    Azure-conversation-like load, whose prefills change the split more often."""
     return mode == "chunked" and cfg.parallel.tensor_parallel_size == 1 and not arch.moe_layers
 
 
