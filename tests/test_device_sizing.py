@@ -54,8 +54,9 @@ def test_sizing_sets_what_no_override_names_and_keeps_the_rest(tmp_path, llama8b
     notes = size_for(cfg, llama8b, H200)
     assert cfg.decode.max_num_seqs == cfg.decode.max_num_batched_tokens == 1024
     assert cfg.decode.cuda_graph_batch_sizes == list(GRAPH_BUCKETS)
-    assert cfg.serve.chunk_size == 2048 and len(notes) == 3
+    assert cfg.serve.chunk_size == 2048 and len(notes) == 4
     assert cfg.prefill.piecewise_graph_tokens == []  # bullet's prefill worker runs eagerly
+    assert cfg.decode.overlap_steps  # bullet's decode worker launches its steps one ahead
 
     kept = config(tmp_path, {"decode.max_num_seqs": "256", "serve.chunk_size": "1024"})
     size_for(kept, llama8b, H200)
@@ -96,21 +97,21 @@ def test_an_moe_models_spatial_prefill_worker_gets_piecewise_graphs_and_a_dense_
     assert ranks.prefill.piecewise_graph_tokens == []  # pieces run on one rank only
 
 
-def test_chunked_mode_launches_a_dense_models_steps_one_ahead_on_one_gpu_unless_told_otherwise(tmp_path, llama8b):
-    sized = config(tmp_path, {"serve.mode": "chunked"})
-    assert "decode.overlap_steps=true" in size_for(sized, llama8b, H200) and sized.decode.overlap_steps
+def test_chunked_and_bullet_launch_their_steps_one_ahead_on_one_gpu_unless_told_otherwise(tmp_path, llama8b):
+    moe = ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"])
+    for mode in ("chunked", "bullet"):
+        for arch in (llama8b, moe):
+            sized = config(tmp_path, {"serve.mode": mode})
+            assert "decode.overlap_steps=true" in size_for(sized, arch, H200) and sized.decode.overlap_steps
     told = config(tmp_path, {"serve.mode": "chunked", "decode.overlap_steps": "false"})
     size_for(told, llama8b, H200)
     assert not told.decode.overlap_steps
-    ranks = config(tmp_path, {"serve.mode": "chunked", "parallel.tensor_parallel_size": "2"})
+    ranks = config(tmp_path, {"serve.mode": "bullet", "parallel.tensor_parallel_size": "2"})
     size_for(ranks, llama8b, H200)
-    assert not ranks.decode.overlap_steps  # the overlapped loop runs on one GPU
-    moe = config(tmp_path, {"serve.mode": "chunked"})
-    size_for(moe, ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"]), H200)
-    assert not moe.decode.overlap_steps  # not yet served with an MoE model
-    bullet = config(tmp_path, {"serve.mode": "bullet"})
-    size_for(bullet, llama8b, H200)
-    assert not bullet.decode.overlap_steps  # its runs at TPOT <= 50 ms and on Azure-like loads first
+    assert not ranks.decode.overlap_steps  # the overlapped loops run on one GPU
+    static = config(tmp_path, {"serve.mode": "static"})
+    size_for(static, llama8b, H200)
+    assert not static.decode.overlap_steps  # unmeasured there
 
 
 def test_bullet_plans_an_moe_models_decode_steps_up_to_the_tpot_slo_unless_told_otherwise(tmp_path, llama8b):

@@ -3,8 +3,8 @@
 engine.yaml's decode slots (64), graphs (up to 64 rows) and chunk (512 tokens) suit two CPU
 cores; a GPU serving an 8B model sustained its measured rates with 1024 decode slots, graphs
 up to 1024 rows, 2048-token chunks for bullet, and for chunked 1024-token chunks whose mixed
-steps replay piecewise CUDA graphs, each launched one ahead of the last one's tokens
-(decode.overlap_steps; docs/benchmarks.md); a mixture-of-experts model's prefill
+steps replay piecewise CUDA graphs; both modes' steps launched one ahead of the last one's
+tokens (decode.overlap_steps; docs/benchmarks.md); a mixture-of-experts model's prefill
 worker in the spatial modes replays them too, since its eager step is bound by the host
 issuing its kernels (docs/moe.md). With serve.sizing=auto each of those
 keys that no override names is set here, inside the engine process, from:
@@ -136,16 +136,16 @@ def sized_tpot_plan(arch: ModelArch, mode: str) -> float | None:
 
 
 def sized_overlap(cfg: EngineConfig, arch: ModelArch, mode: str) -> bool:
-    """Whether chunked mode launches its steps one ahead, as SGLang runs its scheduler by default:
-    at TPOT <= 40 ms chunked-1024 sustained 38 req/s with them on an H200 against 34 without
-    (three seeds), and with the attention metadata built in numpy held 40 there and 44 on an H100
-    against 26 without (one seed; docs/benchmarks.md). The loop runs on one GPU only; over an MoE
-    model it gives the plain loop's tokens on an H200 (its GPU tests, eighteenth round), but none
-    has been served with it yet, so MoE stays in the plain loop until its rates are measured. The
-    spatial modes' decode worker has the same loop, which lags a change of split by a step; it held
-    its edges at both TPOT SLOs and the H200's Azure-code-like 16 (one seed), and waits for the
-    Azure-conversation-like load, whose prefills change the split more often."""
-    return mode == "chunked" and cfg.parallel.tensor_parallel_size == 1 and not arch.moe_layers
+    """Whether chunked mode's steps, and bullet's decode worker's, are launched one ahead, as SGLang
+    runs its scheduler by default. Measured with them against without on H200s (docs/benchmarks.md):
+    chunked-1024 over Llama-3.1-8B at TPOT <= 40 ms sustained 38 req/s against 34 (three seeds), with
+    the attention metadata built in numpy 40, and 44 on an H100 against 26 (one seed); over
+    Qwen3-30B-A3B at TPOT <= 50 ms 34 against 24, and bullet there 40 against 34 (three seeds each
+    at the held rate); bullet over Llama-3.1-8B at TPOT <= 40 ms attained 88% at 50 req/s against
+    55%. No load measured lost with them: the MoE's Azure-conversation-like 20 fails both ways (46%
+    one ahead, 49% over three seeds without). The loops run on one GPU only; static mode's is
+    unmeasured."""
+    return mode in ("chunked", "bullet") and cfg.parallel.tensor_parallel_size == 1
 
 
 def sized_chunk(cfg: EngineConfig, mode: str) -> int:
