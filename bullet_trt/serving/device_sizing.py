@@ -113,7 +113,7 @@ def size_for(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts) -> list[str]:
         cfg.prefill.piecewise_graph_tokens = sized_prefill_pieces(cfg, arch, mode, cfg.serve.chunk_size)
         if cfg.prefill.piecewise_graph_tokens:
             notes.append(f"prefill.piecewise_graph_tokens {cfg.prefill.piecewise_graph_tokens}")
-    if "decode.overlap_steps" not in given and sized_overlap(cfg, arch, mode):
+    if "decode.overlap_steps" not in given and sized_overlap(cfg, mode):
         cfg.decode.overlap_steps = True
         notes.append("decode.overlap_steps=true")
     return notes
@@ -135,7 +135,7 @@ def sized_tpot_plan(arch: ModelArch, mode: str) -> float | None:
     return None
 
 
-def sized_overlap(cfg: EngineConfig, arch: ModelArch, mode: str) -> bool:
+def sized_overlap(cfg: EngineConfig, mode: str) -> bool:
     """Whether chunked mode's steps, and bullet's decode worker's, are launched one ahead, as SGLang
     runs its scheduler by default. Measured with them against without on H200s (docs/benchmarks.md):
     chunked-1024 over Llama-3.1-8B at TPOT <= 40 ms sustained 38 req/s against 34 (three seeds), with

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from bullet_trt.config import ConfigError, parse_overrides
+from bullet_trt.serving.mode_choice import may_run_spatial
 
 
 def parse_sets(items: list[str] | None, tp: int | None = None) -> dict[str, str]:
@@ -94,8 +95,6 @@ def _private_mps_wanted(choice: str, cfg=None) -> bool:
     (`cfg`) can only serve chunked: named, or auto under a TPOT SLO too tight for the split."""
     if choice != "auto":
         return choice == "on"
-    from bullet_trt.serving.mode_choice import may_run_spatial
-
     if cfg is not None and not may_run_spatial(cfg):
         return False
     import shutil
