@@ -74,6 +74,21 @@ def decode_rows(batch: int, ctx: int, steps: int, block_size: int, pool_blocks: 
     return rows
 
 
+def decode_split(total_sms: int, prefill_splits: list[int], decode_sms: int | None) -> SmSplit:
+    """The split that gives decode `decode_sms` SMs (None: the whole GPU). Decode gets what a
+    prefill partition leaves, so only `total_sms` minus an offered prefill size will do; on an
+    H200's 132 SMs with green's step of 8 that is 12..124 step 8, and 64 is not among them."""
+    if decode_sms is None:
+        return SmSplit.whole(total_sms)
+    offered = sorted(total_sms - s for s in prefill_splits)
+    if decode_sms not in offered:
+        step = offered[1] - offered[0] if len(offered) > 1 else 0
+        sizes = f"{offered[0]}..{offered[-1]} step {step}" if len(offered) > 1 else str(offered)
+        raise SystemExit(f"bench decode-overlap: --sms {decode_sms} is not a decode partition on this GPU: "
+                         f"decode gets the SMs a prefill partition leaves of the {total_sms}, here {sizes}")
+    return SmSplit(total_sms, total_sms - decode_sms)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bullet-trt bench decode-overlap", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -96,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.switch_every and args.sms is None:
         raise SystemExit("bench decode-overlap: --switch-every needs --sms (the partition to switch with)")
 
+    # checked before the engine loads (a minute for a large model): a bad --sms fails at once
+    part = make_partitioner("green", torch.device("cuda", torch.cuda.current_device()))
+    total = part.total_sms
+    split = decode_split(total, part.splits(), args.sms)
+
     # decode slots and graphs as a GPU server sizes them (engine.yaml's suit a CPU)
     cfg = load_engine_config(args.engine_dir, {"kv.gpu_memory_fraction": 0.5,
                                                "decode.max_num_seqs": MAX_DECODE_ROWS,
@@ -109,9 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     if session.graphs is None or session.graphs.bucket(args.batch) is None:
         raise SystemExit(f"bench decode-overlap: no decode CUDA graph holds {args.batch} rows")
     device = state.kv_pool.device
-    part = make_partitioner("green", device)
-    total = part.total_sms
-    split = SmSplit.whole(total) if args.sms is None else SmSplit(total, total - args.sms)
     splits = [split, SmSplit.whole(total)] if args.switch_every else [split]
     part.prepare("decode", [s.prefill for s in splits if s.prefill is not None])
     set_num_sms = getattr(session.model.ops, "set_num_sms", None)
