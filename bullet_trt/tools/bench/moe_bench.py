@@ -21,8 +21,8 @@ per layer in an eager run of the same step, and the KV cache), next to what the 
 model's uniform-routing estimate says; and a prefill of --prefill-tokens against the GEMM
 rate over its FLOPs (routed experts only).
 
---sweep: the tile configurations (triton_moe.MOE_CONFIGS) of both forms on a decode and a
-prefill shape.
+--sweep: the tile configurations (triton_moe.MOE_CONFIGS) of both forms on a decode shape
+(--sweep-rows rows, default 64) and a prefill shape.
 
     bullet-trt bench moe [--engine-dir engines/qwen3-30b-a3b] [--json out.json]
     bash scripts/gpu_run.sh bench moe     # on a GPU machine: builds the dummy engine first
@@ -127,8 +127,10 @@ def sweep(arch, batch: int = 64, tokens: int = 4096) -> list[dict]:
     layers = moe_layers(arch, 1)
     saved = {key: dict(v) for key, v in triton_moe.MOE_CONFIGS.items()}
     rows = []
-    small = [dict(BLOCK_M=16, BLOCK_N=n, BLOCK_K=kk, GROUP_M=1, num_warps=w, num_stages=s)
-             for n in (32, 64, 128) for kk in (64, 128) for w in (4, 8) for s in (3, 4)]
+    # BLOCK_M 32 too: a serving decode batch of 256-512 rows gives each of 128 experts 16-32
+    # rows, which 16-row blocks cover twice, reading the expert's weights once per block
+    small = [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=kk, GROUP_M=1, num_warps=w, num_stages=s)
+             for m in (16, 32) for n in (32, 64, 128) for kk in (64, 128) for w in (4, 8) for s in (3, 4)]
     large = [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=64, GROUP_M=8, num_warps=w, num_stages=s)
              for m in (64, 128) for n in (64, 128) for w in (4, 8) for s in (3, 4)]
     try:
@@ -252,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-tokens-list", default="512,2048,8192", help="prefill tokens of the layer table")
     ap.add_argument("--no-layers", action="store_true", help="skip the layer table")
     ap.add_argument("--sweep", action="store_true", help="also sweep the tile configurations")
+    ap.add_argument("--sweep-rows", type=int, default=64, help="decode rows of the small tiles' sweep")
     ap.add_argument("--engine-dir", help="an MoE engine to time (its decode step and a prefill)")
     ap.add_argument("--batch", type=int, default=64, help="engine decode rows")
     ap.add_argument("--ctx", type=int, default=512, help="engine decode context per row")
@@ -285,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         result["layers"] = layer_table(arch, args.layers, batches, tokens, result["copy_GBps"],
                                        result["gemm_TFLOPs"])
     if args.sweep:
-        result["sweep"] = sweep(arch)
+        result["sweep"] = sweep(arch, batch=args.sweep_rows)
     print(markdown(result, args.arch, args.layers))
     write_json(args.json, result)
     return 0
