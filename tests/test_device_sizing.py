@@ -184,7 +184,8 @@ def test_serve_starts_a_private_mps_daemon_only_where_asked_or_a_gpu_needs_one(t
     from bullet_trt.serving.mode_choice import may_run_spatial
     from bullet_trt.tools.cli import _private_mps_wanted
 
-    assert _private_mps_wanted("on") is True and _private_mps_wanted("off") is False
+    spatial = config(tmp_path)
+    assert _private_mps_wanted("on", spatial) is True and _private_mps_wanted("off", spatial) is False
     # a configuration that can only serve chunked needs no daemon; asked for, it gets one
     chunked = config(tmp_path, {"serve.mode": "chunked"})
     tight = config(tmp_path, {"serve.tpot_slo_ms": "25"})
@@ -194,7 +195,7 @@ def test_serve_starts_a_private_mps_daemon_only_where_asked_or_a_gpu_needs_one(t
     assert may_run_spatial(config(tmp_path)) and may_run_spatial(config(tmp_path, {"serve.mode": "static"}))
     assert may_run_spatial(config(tmp_path, {"serve.mode": "bullet", "serve.tpot_slo_ms": "25"}))
     if not torch.cuda.is_available():
-        assert _private_mps_wanted("auto") is False
+        assert _private_mps_wanted("auto", spatial) is False
 
 
 @pytest.mark.parametrize("name, published", [("llama-3.1-8b", 8.0), ("llama-3.1-70b", 70.6),

@@ -88,14 +88,14 @@ def cmd_serve(args) -> int:
     return _serve_supervised(cmd, env, _private_mps_wanted(args.mps, cfg), openai, args.api_key)
 
 
-def _private_mps_wanted(choice: str, cfg=None) -> bool:
+def _private_mps_wanted(choice: str, cfg) -> bool:
     """--mps auto: a GPU and no MPS daemon answering means the spatial modes' workers could
     only time-slice it, and serve.mode=auto would fall back to chunked; start a private
     daemon then, where the driver's control binary is installed, unless the configuration
     (`cfg`) can only serve chunked: named, or auto under a TPOT SLO too tight for the split."""
     if choice != "auto":
         return choice == "on"
-    if cfg is not None and not may_run_spatial(cfg):
+    if not may_run_spatial(cfg):
         return False
     import shutil
 
