@@ -82,8 +82,7 @@ def decode_split(total_sms: int, prefill_splits: list[int], decode_sms: int | No
         return SmSplit.whole(total_sms)
     offered = sorted(total_sms - s for s in prefill_splits)
     if decode_sms not in offered:
-        step = offered[1] - offered[0] if len(offered) > 1 else 0
-        sizes = f"{offered[0]}..{offered[-1]} step {step}" if len(offered) > 1 else str(offered)
+        sizes = f"{offered[0]}..{offered[-1]} step {offered[1] - offered[0]}" if len(offered) > 1 else str(offered)
         raise SystemExit(f"bench decode-overlap: --sms {decode_sms} is not a decode partition on this GPU: "
                          f"decode gets the SMs a prefill partition leaves of the {total_sms}, here {sizes}")
     return SmSplit(total_sms, total_sms - decode_sms)
