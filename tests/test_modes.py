@@ -205,9 +205,16 @@ def test_decode_goes_from_one_prefill_split_to_the_next_not_through_the_whole_gp
             # first short prompt's batch reaches the worker half a second late, as from a slower
             # prefill: its prefill is then surely in flight when the second prompt arrives
             submitted, submit = [], core.prefill.submit
+            # the updates up to second's launch, counted as it is submitted: its prefill can end
+            # within the same call of step(), and decode's move back to the whole GPU after it
+            # would count as the move this test looks for
+            until_second = None
 
             def submit_recorded(items, *a, **kw):
+                nonlocal until_second
                 submitted.extend(it.request_id for it in items)
+                if [it.request_id for it in items] == ["second"]:
+                    until_second = len(sent)
                 if [it.request_id for it in items] == ["first"]:
                     threading.Timer(0.5, submit, (items, *a), kw).start()
                 else:
@@ -222,11 +229,9 @@ def test_decode_goes_from_one_prefill_split_to_the_next_not_through_the_whole_gp
             core.step()
             assert core.prefilling is not None and submitted == ["long", "first"]  # first's prefill in flight
             core.add_request(NewRequest("second", prompts(1, seed=5)[0], short))
-            after_first, until_second = len(sent), None
+            after_first = len(sent)
             while core.has_unfinished():
                 core.step()
-                if until_second is None and "second" in submitted:  # the step that launched it
-                    until_second = len(sent)
         assert until_second is not None and submitted == ["long", "first", "second"]
         return sent[after_first:until_second]
 
