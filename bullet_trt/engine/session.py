@@ -134,8 +134,9 @@ class TorchSession(EngineSession):
             ops.compile_decode_variants(attn.num_heads, attn.num_kv_heads, arch.head_dim,
                                         self.model.dtype, bs, self.device)
         if arch.moe_layers and hasattr(ops, "compile_moe_variants"):
-            # the large-prefill tile form, which the short warm-up steps above never pick
-            ops.compile_moe_variants(arch.hidden_size, arch.moe_intermediate_size,
+            # the tiles of large prefills, which the short warm-up steps above never pick
+            _, local_experts = self.model.shard.experts(arch)
+            ops.compile_moe_variants(local_experts, arch.hidden_size, arch.moe_intermediate_size,
                                      arch.num_experts_per_tok, self.model.dtype, self.device)
         torch.cuda.synchronize(self.device)
 

@@ -24,23 +24,27 @@ add nothing, so ranks holding disjoint ranges sum their outputs (docs/moe.md).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
+from bullet_trt.kernels import moe_tiles
 from bullet_trt.kernels.reference import moe_route
 from bullet_trt.kernels.triton_dot import UPCAST_DOT, mm
 
-__all__ = ["moe_route", "fused_moe", "moe_align_block_size", "moe_config", "compile_moe_variants"]
+__all__ = ["moe_route", "fused_moe", "moe_align_block_size", "moe_config", "untuned_config", "tuned_table",
+           "compile_moe_variants"]
 
-# Tile configurations keyed by (fp32 inputs, large). "large" is for batches whose experts see
-# LARGE_ROWS_PER_EXPERT rows each on average (prefill); the small tiles are for decode, where
-# an expert sees a few rows and the kernel's time is reading its weights. Module-level so that
-# `bullet-trt bench moe --sweep` can sweep them. fp32 exists for tests, not speed. On an H100
-# with Qwen3-30B-A3B's layer (docs/moe.md): the small tiles read the routed experts at 89-90%
-# of the copy bandwidth from 32 to 64 decode rows, as fast as the best of 24 tilings swept at
-# 64; the large ones reach 302 TFLOP/s of routed GEMMs at 8192 prefill tokens, and at 4096
-# are within 9% of the best of 16 tilings (128x128, 8 warps, which was slower at 8192).
+# The untuned tiles, keyed by (fp32 inputs, large), for a GPU or layer shape without a tuned
+# table (moe_tiles.py). "large" is for batches whose experts see LARGE_ROWS_PER_EXPERT rows
+# each on average (prefill); the small tiles are for decode, where an expert sees a few rows and
+# the kernel's time is reading its weights. fp32 exists for tests, not speed. On an H100 with
+# Qwen3-30B-A3B's layer (docs/moe.md): the small tiles read the routed experts at 89-90% of the
+# copy bandwidth from 32 to 64 decode rows; the large ones reach 302 TFLOP/s of routed GEMMs at
+# 8192 prefill tokens. Between the two (a few hundred decode rows) neither is right: that is
+# what the tuned tables are for.
 MOE_CONFIGS = {
     (False, False): dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4),
     (False, True): dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
@@ -48,17 +52,41 @@ MOE_CONFIGS = {
     (True, True): dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=2),
 }
 LARGE_ROWS_PER_EXPERT = 32
-# Forces the small (False) or large (True) tiles for every call when set (tests, warm-up).
-MOE_LARGE_OVERRIDE: bool | None = None
+# Forces this tile for every call when set: the tests (both forms), the tuner and the warm-up.
+MOE_TILE_OVERRIDE: dict | None = None
 
 
+@functools.lru_cache(maxsize=None)
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
 
-def moe_config(dtype: torch.dtype, num_assignments: int, num_local_experts: int) -> dict:
-    """The tile configuration for T * k = ``num_assignments`` over ``num_local_experts``."""
-    large = MOE_LARGE_OVERRIDE
-    if large is None:
-        large = num_assignments >= LARGE_ROWS_PER_EXPERT * num_local_experts
-    return dict(MOE_CONFIGS[(dtype == torch.float32, bool(large))])
+
+def tuned_table(dtype: torch.dtype, top_k: int, num_local_experts: int, inter: int, hidden: int,
+                device: torch.device) -> tuple[tuple[int, dict], ...] | None:
+    """The tuned tile table for this GPU and layer shape, if one was measured (fp32 never is)."""
+    if device.type != "cuda" or dtype == torch.float32:
+        return None
+    index = torch.cuda.current_device() if device.index is None else device.index
+    name = moe_tiles.table_name(_device_name(index), num_local_experts, inter, hidden, top_k,
+                                str(dtype).removeprefix("torch."))
+    return moe_tiles.load_table(name)
+
+
+def untuned_config(dtype: torch.dtype, tokens: int, top_k: int, num_local_experts: int) -> dict:
+    large = tokens * top_k >= LARGE_ROWS_PER_EXPERT * num_local_experts
+    return dict(MOE_CONFIGS[(dtype == torch.float32, large)])
+
+
+def moe_config(dtype: torch.dtype, tokens: int, top_k: int, num_local_experts: int, inter: int,
+               hidden: int, device: torch.device) -> dict:
+    """The tile for ``tokens`` rows of x routed to ``top_k`` of ``num_local_experts`` experts
+    of this shape: the override, else the tuned table's, else the untuned form's."""
+    if MOE_TILE_OVERRIDE is not None:
+        return dict(MOE_TILE_OVERRIDE)
+    table = tuned_table(dtype, top_k, num_local_experts, inter, hidden, device)
+    if table:
+        return moe_tiles.tile_for(table, tokens)
+    return untuned_config(dtype, tokens, top_k, num_local_experts)
 
 
 # Assignments one program of the alignment kernels handles per step.
@@ -231,7 +259,7 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         return torch.zeros_like(x)
     x, w_gate_up, w_down = _contiguous(x), _contiguous(w_gate_up), _contiguous(w_down)
     weights = _contiguous(topk_weights).reshape(-1)
-    cfg = moe_config(x.dtype, T * k, e_local)
+    cfg = moe_config(x.dtype, T, k, e_local, inter, H, x.device)
     sorted_ids, block_expert, num_padded = moe_align_block_size(topk_ids, cfg["BLOCK_M"], e_local,
                                                                 expert_offset)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
@@ -243,23 +271,31 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     return y.view(T, k, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
 
 
-def compile_moe_variants(hidden: int, inter: int, top_k: int, dtype: torch.dtype,
-                         device: torch.device | str) -> None:
-    """Compiles both tile forms of the kernels for this layer shape: which one a step takes
-    depends on its token count, and without this the first large prefill would stall for a
-    compile (most of a second) mid-serving. A compiled form depends on the shapes, top_k and
-    dtype but not on the expert count, so one scratch expert stands in for all of them."""
-    global MOE_LARGE_OVERRIDE
+def compile_moe_variants(num_local_experts: int, hidden: int, inter: int, top_k: int,
+                         dtype: torch.dtype, device: torch.device | str) -> None:
+    """Compiles every tile this layer shape can take (the tuned table's, else both untuned
+    forms): which one a step takes depends on its token count, and without this the first large
+    prefill would stall for a compile (most of a second) mid-serving. The GEMMs' compiled form
+    depends on the shapes, top_k and dtype but not on the expert count, so one scratch expert
+    stands in for all of them; the alignment kernels' depends on it, so they run for the real
+    count."""
+    global MOE_TILE_OVERRIDE
     device = torch.device(device)
+    table = tuned_table(dtype, top_k, num_local_experts, inter, hidden, device)
+    if table:
+        tiles = [tile for _, tile in table]
+    else:
+        tiles = [MOE_CONFIGS[(dtype == torch.float32, large)] for large in (False, True)]
     x = torch.zeros(2, hidden, dtype=dtype, device=device)
     w_gate_up = torch.zeros(1, 2 * inter, hidden, dtype=dtype, device=device)
     w_down = torch.zeros(1, hidden, inter, dtype=dtype, device=device)
     ids = torch.zeros(2, top_k, dtype=torch.int32, device=device)
     weights = torch.ones(2, top_k, dtype=dtype, device=device)
-    saved = MOE_LARGE_OVERRIDE
+    saved = MOE_TILE_OVERRIDE
     try:
-        for large in (False, True):
-            MOE_LARGE_OVERRIDE = large
+        for tile in {tuple(sorted(t.items())): t for t in tiles}.values():
+            MOE_TILE_OVERRIDE = tile
             fused_moe(x, w_gate_up, w_down, weights, ids)
+            moe_align_block_size(ids, tile["BLOCK_M"], num_local_experts)
     finally:
-        MOE_LARGE_OVERRIDE = saved
+        MOE_TILE_OVERRIDE = saved

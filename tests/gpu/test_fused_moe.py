@@ -9,6 +9,8 @@ inputs. Error is relative: ||out - ref|| / ||ref||. Speed: `bullet-trt bench moe
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from tests.gpu.numerics import CUDA, kernel_device, rel_err
 RUNS_IN_TRITON_INTERPRETER = True  # tests/gpu/conftest.py runs this module on CPU then
 DEV = kernel_device()  # skips this module where kernels cannot run
 
+from bullet_trt.kernels import moe_tiles  # noqa: E402
 from bullet_trt.kernels import reference as ref  # noqa: E402
 from bullet_trt.kernels import triton_moe as tmoe  # noqa: E402
 
@@ -33,7 +36,7 @@ PREFILL_TOKENS = (1000, 4096) if CUDA else (40,)
 def _seeded():
     torch.manual_seed(0)
     yield
-    tmoe.MOE_LARGE_OVERRIDE = None
+    tmoe.MOE_TILE_OVERRIDE = None
 
 
 def layer(dtype, hidden, inter, experts):
@@ -67,13 +70,22 @@ def test_fused_moe_matches_reference(dtype, tokens):
     check(tmoe.fused_moe(x, w_gate_up, w_down, weights, ids), want(x, w_gate_up, w_down, weights, ids), dtype)
 
 
-@pytest.mark.parametrize("large", [False, True])
-def test_both_tile_forms_match_reference(large):
-    """Whichever form the token count picks, the other one computes the same."""
+def tiles_to_check():
+    """Both untuned forms and every distinct tile of the tuned tables: whichever one a token
+    count picks on whichever GPU computes the same."""
+    tiles = {"untuned small": tmoe.MOE_CONFIGS[(False, False)], "untuned large": tmoe.MOE_CONFIGS[(False, True)]}
+    for path in sorted(moe_tiles.TABLES_DIR.glob("*.json")):
+        for tokens, tile in moe_tiles.parse_table(json.loads(path.read_text()), path.name):
+            tiles.setdefault(str(sorted(tile.items())), tile)
+    return list(tiles.values())
+
+
+@pytest.mark.parametrize("tile", tiles_to_check(), ids=lambda t: "m{BLOCK_M}n{BLOCK_N}k{BLOCK_K}g{GROUP_M}w{num_warps}s{num_stages}".format(**t))
+def test_every_tile_matches_reference(tile):
     hidden, inter, experts, top_k = LAYER
     w_gate_up, w_down, router = layer(BF16, hidden, inter, experts)
     x, weights, ids = routed(DECODE_TOKENS[-1], hidden, router, top_k)
-    tmoe.MOE_LARGE_OVERRIDE = large
+    tmoe.MOE_TILE_OVERRIDE = tile
     check(tmoe.fused_moe(x, w_gate_up, w_down, weights, ids), want(x, w_gate_up, w_down, weights, ids), BF16)
 
 
