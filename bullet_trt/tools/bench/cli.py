@@ -1,5 +1,6 @@
 """`bullet-trt bench <kind>`: kernels (GPU ceilings and the engine against them), moe (the fused
-mixture-of-experts kernels and an MoE engine against them), serve (load
+mixture-of-experts kernels and an MoE engine against them), moe-tune (the fused MoE kernels'
+tile table for this GPU), serve (load
 generator against a running server), hf-peer (transformers' continuous batching on the same
 workload), decode-profile (where a decode step's time goes), decode-overlap (the decode
 worker's steps one at a time against launched one ahead), steps-ahead (chunked mode's steps
@@ -20,6 +21,7 @@ import sys
 KINDS = {
     "kernels": "bullet_trt.tools.bench.kernel_bench",
     "moe": "bullet_trt.tools.bench.moe_bench",
+    "moe-tune": "bullet_trt.tools.bench.moe_tune",
     "serve": "bullet_trt.tools.bench.serve_bench",
     "hf-peer": "bullet_trt.tools.bench.hf_peer",
     "decode-profile": "bullet_trt.tools.bench.decode_profile",

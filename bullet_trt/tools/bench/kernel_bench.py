@@ -147,11 +147,11 @@ def compare_blas(setup, batch: int = 64, ctx: int = 1024, prefill_tokens: int = 
 
 # -- the attention kernels ------------------------------------------------------------------------
 
-def do_bench(fn) -> float:
+def do_bench(fn, warmup_ms: int = 25, rep_ms: int = 100) -> float:
     """Median ms on the current stream (Triton's bench: warm-up, L2 flushed between runs)."""
     import triton.testing
 
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
 def read_gbs(gib: float = 1.0) -> float:

@@ -21,8 +21,8 @@ per layer in an eager run of the same step, and the KV cache), next to what the 
 model's uniform-routing estimate says; and a prefill of --prefill-tokens against the GEMM
 rate over its FLOPs (routed experts only).
 
---sweep: the tile configurations (triton_moe.MOE_CONFIGS) of both forms on a decode shape
-(--sweep-rows rows, default 64) and a prefill shape (--sweep-tokens tokens, default 4096).
+The kernels take their tiles from the tuned table of the GPU and layer shape where there is
+one (`bullet-trt bench moe-tune` measures it), so the layer table times what serving runs.
 
     bullet-trt bench moe [--engine-dir engines/qwen3-30b-a3b] [--json out.json]
     bash scripts/gpu_run.sh bench moe     # on a GPU machine: builds the dummy engine first
@@ -116,42 +116,6 @@ def layer_table(arch, num_layers: int, batches: list[int], prefill_tokens: list[
         out["prefill"].append(row)
         print(json.dumps(row), flush=True)
     return out
-
-
-def sweep(arch, batch: int = 64, tokens: int = 4096) -> list[dict]:
-    """Tile configurations of both forms; the module's table is restored after."""
-    from bullet_trt.kernels import triton_moe
-    from bullet_trt.kernels import triton_ops as ops
-
-    h, k = arch.hidden_size, arch.num_experts_per_tok
-    layers = moe_layers(arch, 1)
-    saved = {key: dict(v) for key, v in triton_moe.MOE_CONFIGS.items()}
-    rows = []
-    # BLOCK_M 32 too: a serving decode batch of 256-512 rows gives each of 128 experts 16-32
-    # rows, which 16-row blocks cover twice, reading the expert's weights once per block
-    small = [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=kk, GROUP_M=1, num_warps=w, num_stages=s)
-             for m in (16, 32) for n in (32, 64, 128) for kk in (64, 128) for w in (4, 8) for s in (3, 4)]
-    large = [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=64, GROUP_M=8, num_warps=w, num_stages=s)
-             for m in (64, 128) for n in (64, 128) for w in (4, 8) for s in (3, 4)]
-    try:
-        for is_large, configs, count in ((False, small, batch), (True, large, tokens)):
-            x = torch.randn(count, h, device="cuda").to(DTYPE)
-            for cfg in configs:
-                triton_moe.MOE_CONFIGS[(False, is_large)] = cfg
-                triton_moe.MOE_LARGE_OVERRIDE = is_large
-                row = {"form": "large" if is_large else "small", "tokens": count, **cfg}
-                try:
-                    fn = lambda: run_layers(ops, layers, x, k, arch.norm_topk_prob)  # noqa: E731
-                    row["ms"] = round(do_bench(graphed(fn) if not is_large else fn), 4)
-                except Exception as e:  # noqa: BLE001 - a config that does not compile is a result
-                    row["error"] = str(e)[:120]
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    finally:
-        triton_moe.MOE_CONFIGS.clear()
-        triton_moe.MOE_CONFIGS.update(saved)
-        triton_moe.MOE_LARGE_OVERRIDE = None
-    return rows
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -253,11 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,8,32,64,128,256", help="decode rows of the layer table")
     ap.add_argument("--prefill-tokens-list", default="512,2048,8192", help="prefill tokens of the layer table")
     ap.add_argument("--no-layers", action="store_true", help="skip the layer table")
-    ap.add_argument("--sweep", action="store_true", help="also sweep the tile configurations")
-    ap.add_argument("--sweep-rows", type=int, default=64, help="decode rows of the small tiles' sweep")
-    # bullet's prefill steps on the MoE ran 1096 tokens at the median (twentieth round): ~68 rows an expert,
-    # half of the large form's 128-row blocks
-    ap.add_argument("--sweep-tokens", type=int, default=4096, help="prefill tokens of the large tiles' sweep")
     ap.add_argument("--engine-dir", help="an MoE engine to time (its decode step and a prefill)")
     ap.add_argument("--batch", type=int, default=64, help="engine decode rows")
     ap.add_argument("--ctx", type=int, default=512, help="engine decode context per row")
@@ -290,8 +249,6 @@ def main(argv: list[str] | None = None) -> int:
         tokens = [int(t) for t in args.prefill_tokens_list.split(",") if t]
         result["layers"] = layer_table(arch, args.layers, batches, tokens, result["copy_GBps"],
                                        result["gemm_TFLOPs"])
-    if args.sweep:
-        result["sweep"] = sweep(arch, batch=args.sweep_rows, tokens=args.sweep_tokens)
     print(markdown(result, args.arch, args.layers))
     write_json(args.json, result)
     return 0

@@ -1,0 +1,181 @@
+"""`bullet-trt bench moe-tune`: the fused MoE kernels' tuned tile table for this GPU and one
+MoE layer shape (bullet_trt/kernels/moe_tiles.py reads it).
+
+For each of --tokens token counts, one layer of the shape of --arch (its experts random, so
+that they stream from memory; routing from a random router) runs ``fused_moe`` with every
+tile of the search space, captured in a CUDA graph as the decode step runs it, timed by
+Triton's bench (L2 flushed between runs). The fastest tile per token count is the table's row,
+next to the untuned tile's time (triton_moe.MOE_CONFIGS).
+
+The search space is 192 tiles; ``--shard I/N`` times every N-th of them from the I-th, so N
+GPUs of one machine share the work, each writing its timings with --json; ``--merge`` joins
+the parts (they must name the same GPU and layer) into the table:
+
+    bullet-trt bench moe-tune --shard 0/4 --json part0.json     # ... one per GPU
+    bullet-trt bench moe-tune --merge part*.json --out-dir bullet_trt/kernels/moe_tile_tables
+    bullet-trt bench moe-tune --out-dir bullet_trt/kernels/moe_tile_tables   # one GPU: all of it
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+from bullet_trt.kernels import moe_tiles
+from bullet_trt.tools.bench.json_output import write_json
+
+TOKENS = "1,8,16,32,64,96,128,192,256,320,384,448,512,640,768,1024,1536,2048,3072,4096,8192"
+
+
+def tile_space() -> list[dict]:
+    """Every tile tried: 16..128-row blocks (an expert sees from one row in small decode
+    batches to hundreds in prefill), GROUP_M 1 or 8 (whether row blocks of one expert walk its
+    columns together, keeping its weights in L2 for the next block)."""
+    return [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, GROUP_M=g, num_warps=w, num_stages=s)
+            for m, n, k, g, w, s in itertools.product((16, 32, 64, 128), (32, 64, 128), (64, 128), (1, 8),
+                                                      (4, 8), (3, 4))]
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise SystemExit(f"--shard must be I/N, got {text!r}") from None
+    if not 0 <= index < count:
+        raise SystemExit(f"--shard I/N needs 0 <= I < N, got {text!r}")
+    return index, count
+
+
+def layer_shape(arch) -> dict:
+    return {"experts": arch.num_experts, "inter": arch.moe_intermediate_size, "hidden": arch.hidden_size,
+            "top_k": arch.num_experts_per_tok, "dtype": "bfloat16"}
+
+
+def time_tiles(arch, tokens_list: list[int], tiles: list[dict]) -> list[dict]:
+    """{tokens, tile, ms} (or error) for every token count and tile."""
+    import torch
+
+    from bullet_trt.kernels import triton_moe
+    from bullet_trt.tools.bench.kernel_bench import do_bench
+    from bullet_trt.tools.bench.moe_bench import DTYPE, graphed, moe_layers
+
+    (w_gate_up, w_down, router), = moe_layers(arch, 1)
+    k = arch.num_experts_per_tok
+    out = []
+    try:
+        for tokens in tokens_list:
+            x = torch.randn(tokens, arch.hidden_size, device="cuda").to(DTYPE)
+            weights, ids = triton_moe.moe_route(x @ router.t(), k, arch.norm_topk_prob)
+            for tile in tiles:
+                triton_moe.MOE_TILE_OVERRIDE = tile
+                row = {"tokens": tokens, "tile": tile}
+                try:
+                    replay = graphed(lambda: triton_moe.fused_moe(x, w_gate_up, w_down, weights, ids))
+                    row["ms"] = round(do_bench(replay, warmup_ms=10, rep_ms=40), 5)
+                except Exception as e:  # noqa: BLE001 - a tile that does not fit the GPU is a result
+                    row["error"] = str(e)[:160]
+                out.append(row)
+            best = min((r for r in out if r["tokens"] == tokens and "ms" in r), key=lambda r: r["ms"], default=None)
+            print(json.dumps({"tokens": tokens, "best": best}), flush=True)
+    finally:
+        triton_moe.MOE_TILE_OVERRIDE = None
+    return out
+
+
+def untuned_tiles(arch, tokens_list: list[int]) -> dict[int, dict]:
+    """The tile each token count takes without a table."""
+    import torch
+
+    from bullet_trt.kernels import triton_moe
+
+    return {t: triton_moe.untuned_config(torch.bfloat16, t, arch.num_experts_per_tok, arch.num_experts)
+            for t in tokens_list}
+
+
+def merge(parts: list[dict]) -> dict:
+    """The table from the parts' timings: one GPU model, one layer shape."""
+    first = parts[0]
+    for part in parts[1:]:
+        for key in ("device", "layer"):
+            if part[key] != first[key]:
+                raise SystemExit(f"--merge: the parts differ in {key}: {first[key]} vs {part[key]}")
+    timings = [t for part in parts for t in part["timings"]]
+    untuned = {int(t): tile for part in parts for t, tile in part["untuned"].items()}
+    return {"device": first["device"], "layer": first["layer"], "tuned_on": first["tuned_on"],
+            "tiles_timed": len({json.dumps(t["tile"], sort_keys=True) for t in timings}),
+            "rows": moe_tiles.best_rows(timings, untuned)}
+
+
+def write_table(table: dict, out_dir: str) -> Path:
+    moe_tiles.parse_table(table, "the merged table")  # what the kernels will read back
+    layer = table["layer"]
+    name = moe_tiles.table_name(table["device"], layer["experts"], layer["inter"], layer["hidden"],
+                                layer["top_k"], layer["dtype"])
+    path = Path(out_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    return path
+
+
+def markdown(table: dict) -> str:
+    lines = [f"{table['device']}, layer {table['layer']}, {table['tiles_timed']} tiles timed", "",
+             "| tokens | tile (M, N, K, group, warps, stages) | ms | untuned ms | untuned / tuned |",
+             "|---|---|---|---|---|"]
+    for row in table["rows"]:
+        t = row["tile"]
+        untuned = row.get("untuned_ms")
+        ratio = f"{untuned / row['ms']:.2f}x" if untuned else "-"
+        lines.append(f"| {row['tokens']} | {t['BLOCK_M']}, {t['BLOCK_N']}, {t['BLOCK_K']}, {t['GROUP_M']}, "
+                     f"{t['num_warps']}, {t['num_stages']} | {row['ms']} | {untuned or '-'} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bullet-trt bench moe-tune", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", default="qwen3-30b-a3b", help="preset whose MoE layer shape is tuned")
+    ap.add_argument("--tokens", default=TOKENS, help="token counts the table has rows for")
+    ap.add_argument("--shard", default="0/1", help="I/N: time every N-th tile from the I-th")
+    ap.add_argument("--json", help="write this shard's timings here (for --merge)")
+    ap.add_argument("--merge", nargs="+", metavar="PART", help="join these shards' timings into the table")
+    ap.add_argument("--out-dir", help="write the table (named by GPU and layer) into this directory")
+    args = ap.parse_args(argv)
+    if args.merge:
+        parts = [json.loads(Path(p).read_text()) for p in args.merge]
+    else:
+        parts = [tune(args)]
+        write_json(args.json, parts[0])
+    if args.merge or parse_shard(args.shard)[1] == 1:
+        table = merge(parts)
+        print(markdown(table))
+        if args.out_dir:
+            print(f"wrote {write_table(table, args.out_dir)}")
+    return 0
+
+
+def tune(args) -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("bench moe-tune needs a CUDA GPU (or --merge)")
+    from bullet_trt.model.arch import ModelArch
+    from bullet_trt.model.presets import PRESETS
+
+    if args.arch not in PRESETS:
+        raise SystemExit(f"--arch must be one of {sorted(PRESETS)}")
+    arch = ModelArch.from_hf_dict(PRESETS[args.arch], source=args.arch)
+    if not arch.moe_layers:
+        raise SystemExit(f"--arch {args.arch} has no MoE layers")
+    index, count = parse_shard(args.shard)
+    tokens = [int(t) for t in args.tokens.split(",") if t]
+    tiles = tile_space()[index::count]
+    print(f"{torch.cuda.get_device_name()}: {len(tiles)} tiles x {len(tokens)} token counts", flush=True)
+    return {"device": torch.cuda.get_device_name(), "layer": layer_shape(arch),
+            "tuned_on": time.strftime("%Y-%m-%d"), "shard": args.shard,
+            "timings": time_tiles(arch, tokens, tiles), "untuned": untuned_tiles(arch, tokens)}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""The fused MoE kernels' tuned tile tables: naming, checking, lookup, and the tuner's merge of
+its shards into a table the kernels read back. The kernels' results with every table's tiles
+are tests/gpu/test_fused_moe.py's."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bullet_trt.kernels import moe_tiles
+from bullet_trt.tools.bench import moe_tune
+
+SMALL = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)
+MID = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=3)
+LARGE = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3)
+LAYER = {"experts": 128, "inter": 768, "hidden": 2048, "top_k": 8, "dtype": "bfloat16"}
+
+
+def test_table_name_joins_the_device_name_and_the_layer_shape():
+    assert (moe_tiles.table_name("NVIDIA H200", 128, 768, 2048, 8, "bfloat16")
+            == "E=128,N=768,H=2048,top_k=8,dtype=bfloat16,device=NVIDIA_H200.json")
+
+
+@pytest.mark.parametrize("tile, field", [({**SMALL, "BLOCK_N": 48}, "BLOCK_N"), ({**SMALL, "BLOCK_M": 8}, "BLOCK_M"),
+                                         ({k: v for k, v in SMALL.items() if k != "num_warps"}, "num_warps")])
+def test_a_bad_tile_is_refused_naming_its_field(tile, field):
+    with pytest.raises(ValueError, match=field):
+        moe_tiles.check_tile(tile, "t")
+
+
+def test_the_nearest_row_gives_the_tile_and_a_tie_takes_the_smaller():
+    table = moe_tiles.parse_table({"rows": [{"tokens": 256, "tile": MID}, {"tokens": 1, "tile": SMALL},
+                                            {"tokens": 4096, "tile": LARGE}]}, "t")
+    assert [tokens for tokens, _ in table] == [1, 256, 4096]
+    assert moe_tiles.tile_for(table, 1) == SMALL
+    assert moe_tiles.tile_for(table, 128) == SMALL  # 127 from 1, 128 from 256
+    assert moe_tiles.tile_for(table, 384) == MID
+    assert moe_tiles.tile_for(table, 2176) == MID  # 1920 from 256, 1920 from 4096: the smaller
+    assert moe_tiles.tile_for(table, 100000) == LARGE
+
+
+def test_a_table_without_rows_or_with_a_bad_count_is_refused():
+    with pytest.raises(ValueError, match="rows"):
+        moe_tiles.parse_table({"rows": []}, "t")
+    with pytest.raises(ValueError, match=r"rows\[0\].tokens"):
+        moe_tiles.parse_table({"rows": [{"tokens": 0, "tile": SMALL}]}, "t")
+
+
+def test_best_rows_take_the_fastest_tile_that_ran_with_the_untuned_time_beside_it():
+    timings = [{"tokens": 64, "tile": SMALL, "ms": 0.30}, {"tokens": 64, "tile": MID, "ms": 0.20},
+               {"tokens": 64, "tile": LARGE, "error": "out of resource: shared memory"},
+               {"tokens": 4096, "tile": LARGE, "ms": 1.0}, {"tokens": 4096, "tile": MID, "ms": 1.5}]
+    rows = moe_tiles.best_rows(timings, {64: SMALL, 4096: LARGE})
+    assert rows == [{"tokens": 64, "tile": MID, "ms": 0.20, "untuned_ms": 0.30},
+                    {"tokens": 4096, "tile": LARGE, "ms": 1.0, "untuned_ms": 1.0}]
+
+
+def test_the_tile_space_is_split_into_disjoint_shards_that_cover_it():
+    space = moe_tune.tile_space()
+    keys = [json.dumps(t, sort_keys=True) for t in space]
+    assert len(set(keys)) == len(space) == 192
+    shards = [space[i::4] for i in range(4)]
+    assert sorted(json.dumps(t, sort_keys=True) for s in shards for t in s) == sorted(keys)
+    for t in space:
+        moe_tiles.check_tile(t, "space")
+    with pytest.raises(SystemExit, match="--shard"):
+        moe_tune.parse_shard("4/4")
+
+
+def part(device, timings, untuned):
+    return {"device": device, "layer": LAYER, "tuned_on": "2026-11-28", "timings": timings,
+            "untuned": {str(k): v for k, v in untuned.items()}}
+
+
+def test_merged_shards_write_a_table_the_kernels_read_back(tmp_path):
+    a = part("NVIDIA H200", [{"tokens": 384, "tile": SMALL, "ms": 0.9}, {"tokens": 8192, "tile": SMALL, "ms": 9.0}],
+             {384: SMALL, 8192: LARGE})
+    b = part("NVIDIA H200", [{"tokens": 384, "tile": MID, "ms": 0.5}, {"tokens": 8192, "tile": LARGE, "ms": 3.0}],
+             {384: SMALL, 8192: LARGE})
+    table = moe_tune.merge([a, b])
+    assert table["tiles_timed"] == 3
+    path = moe_tune.write_table(table, str(tmp_path))
+    assert path.name == moe_tiles.table_name("NVIDIA H200", 128, 768, 2048, 8, "bfloat16")
+    read = moe_tiles.load_table(path.name, tmp_path)
+    assert read == ((384, MID), (8192, LARGE))
+    assert json.loads(path.read_text())["rows"][0]["untuned_ms"] == 0.9
+    assert moe_tiles.load_table("E=1,N=1,H=1,top_k=1,dtype=bfloat16,device=none.json", tmp_path) is None
+
+
+def test_shards_of_different_gpus_are_not_merged():
+    with pytest.raises(SystemExit, match="device"):
+        moe_tune.merge([part("NVIDIA H200", [], {}), part("NVIDIA H100 80GB HBM3", [], {})])
+
+
+@pytest.mark.parametrize("path", sorted(moe_tiles.TABLES_DIR.glob("*.json")), ids=lambda p: p.name)
+def test_every_shipped_table_is_named_by_what_it_holds(path):
+    data = json.loads(path.read_text())
+    layer = data["layer"]
+    assert path.name == moe_tiles.table_name(data["device"], layer["experts"], layer["inter"], layer["hidden"],
+                                             layer["top_k"], layer["dtype"])
+    table = moe_tiles.parse_table(data, path.name)
+    assert table[0][0] == 1  # a decode step of one row has a row of its own
