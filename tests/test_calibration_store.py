@@ -16,7 +16,8 @@ from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.presets import PRESETS
 from bullet_trt.serving.calibrate_on_start import calibration_overrides, needs_calibration
 from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS
-from bullet_trt.spatial.calibration_store import calibration_file, find_calibration, load_perf_model
+from bullet_trt.kernels import moe_tiles
+from bullet_trt.spatial.calibration_store import calibration_file, find_calibration, load_perf_model, moe_tiles_of
 from bullet_trt.spatial.perf_model import ModelCost, PerfModel
 
 H200_CALIBRATION = Path(__file__).resolve().parents[1] / "docs/data/perf_model_h200_llama-3.1-8b.yaml"
@@ -111,3 +112,43 @@ def test_a_calibration_names_how_its_prefill_ran_when_the_prefill_worker_runs_ot
     _, now_eager = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[])
     assert now_same == same
     assert "ran through graphs up to 2048 tokens" in now_eager and "runs them eagerly" in now_eager
+
+
+MOE_ARCH = ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"])
+MOE_COST = ModelCost.from_arch(MOE_ARCH, 2)
+H200_MOE_CALIBRATION = H200_CALIBRATION.with_name("perf_model_h200_qwen3-30b-a3b.yaml")
+
+
+def test_a_dense_model_has_no_moe_tiles_and_an_moe_one_names_its_gpus_table():
+    assert moe_tiles_of(ModelArch.from_hf_dict(PRESETS["llama-3.1-8b"]), H200) is None
+    on_h200 = moe_tiles_of(MOE_ARCH, H200)
+    table = moe_tiles.table_name(H200, 128, 768, 2048, 8, "bfloat16")
+    assert on_h200.startswith(f"{table}#") and len(on_h200) == len(table) + 13
+    assert moe_tiles_of(MOE_ARCH, "a GPU nobody tuned") == "untuned"
+
+
+def test_an_moe_calibration_timed_on_other_tiles_is_stale_until_measured_again(tmp_path):
+    stored = calibration_file(tmp_path, H200)
+    shutil.copy(H200_MOE_CALIBRATION, stored)  # measured before the tuned tables: untuned tiles
+    now = moe_tiles_of(MOE_ARCH, H200)
+    found = find_calibration(tmp_path, H200, 132, now)
+    assert found.path == stored and "tiles untuned" in found.stale and now in found.stale
+    perf, note = load_perf_model(tmp_path, MOE_COST, H200, 132, moe_tiles=now)
+    measured = yaml.safe_load(H200_MOE_CALIBRATION.read_text())["coeffs"]
+    assert perf.coeffs.expert_tflops == measured["expert_tflops"]  # still served, and said to be stale
+    assert "stale" in note and "serve.calibrate=auto" in note
+    assert find_calibration(tmp_path, H200, 132, "untuned").stale == ""  # on a GPU without a table
+    data = yaml.safe_load(stored.read_text())
+    data["calibration"]["moe_tiles"] = now  # as a calibration under the table records it
+    stored.write_text(yaml.safe_dump(data))
+    assert find_calibration(tmp_path, H200, 132, now).stale == ""
+    assert find_calibration(tmp_path, H200, 132, None).stale == ""  # a dense model never asks
+
+
+def test_a_saved_calibration_replaces_the_old_file_whole(tmp_path):
+    path = calibration_file(tmp_path, H200)
+    shutil.copy(H200_CALIBRATION, path)
+    perf, _ = load_perf_model(tmp_path, COST, H200, 132)
+    perf.save(path, extra={"calibration": {"gpu": H200, "moe_tiles": "untuned"}})
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no part file left behind
+    assert yaml.safe_load(path.read_text())["calibration"]["moe_tiles"] == "untuned"

@@ -10,6 +10,7 @@ fixed forms. Plain Python and JSON, no Triton: the tuner's merge and the tests u
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from pathlib import Path
 
@@ -21,6 +22,19 @@ def table_name(device_name: str, num_experts: int, inter: int, hidden: int, top_
     """The file name of a table: the layer shape the kernels see on one rank, and the GPU."""
     device = "_".join(device_name.split())
     return f"E={num_experts},N={inter},H={hidden},top_k={top_k},dtype={dtype},device={device}.json"
+
+
+def fingerprint(device_name: str, num_experts: int, inter: int, hidden: int, top_k: int,
+                tables_dir: Path = TABLES_DIR) -> str:
+    """Which tiles the kernels take for this GPU and layer shape, as a calibration records it:
+    "untuned", or each table's name (any dtype) with a digest of its contents. A calibration
+    measured under other tiles describes kernels that no longer run."""
+    suffix = table_name(device_name, num_experts, inter, hidden, top_k, "*")
+    head, tail = suffix.split("*")
+    found = sorted(p for p in tables_dir.glob(f"{head}*{tail}") if p.is_file())
+    if not found:
+        return "untuned"
+    return ",".join(f"{p.name}#{hashlib.sha256(p.read_bytes()).hexdigest()[:12]}" for p in found)
 
 
 def check_tile(tile: dict, where: str) -> dict:

@@ -19,7 +19,7 @@ from bullet_trt.config import EngineConfig
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.serving.device_sizing import (GRAPH_BUCKETS, MAX_DECODE_ROWS, served_chunk, sized_mode,
                                               sized_prefill_pieces)
-from bullet_trt.spatial.calibration_store import calibration_file, find_calibration
+from bullet_trt.spatial.calibration_store import calibration_file, find_calibration, moe_tiles_of
 
 
 def calibration_overrides(cfg: EngineConfig) -> dict:
@@ -39,8 +39,9 @@ def calibration_overrides(cfg: EngineConfig) -> dict:
     return {**sized, **given}
 
 
-def _missing_calibration(cfg: EngineConfig) -> tuple[str, Path] | None:
-    """(why this server should calibrate first, where it stores the result), or None."""
+def _missing_calibration(cfg: EngineConfig) -> tuple[str, Path, str] | None:
+    """(why this server should calibrate first, where it stores the result, what it serves on
+    if it cannot), or None."""
     if cfg.serve.calibrate == "off" or cfg.resolve_device() == "cpu":
         return None
     if cfg.parallel.tensor_parallel_size > 1:
@@ -49,8 +50,14 @@ def _missing_calibration(cfg: EngineConfig) -> tuple[str, Path] | None:
     import torch
 
     props = torch.cuda.get_device_properties(torch.device(cfg.resolve_device()))
-    found = find_calibration(cfg.engine_dir, props.name, props.multi_processor_count)
-    return None if found.path is not None else (found.note, calibration_file(cfg.engine_dir, props.name))
+    arch = ModelArch.from_checkpoint(cfg.checkpoint_path)
+    found = find_calibration(cfg.engine_dir, props.name, props.multi_processor_count, moe_tiles_of(arch, props.name))
+    target = calibration_file(cfg.engine_dir, props.name)
+    if found.path is None:
+        return found.note, target, "uncalibrated defaults"
+    if found.stale:
+        return f"{found.note} is stale ({found.stale})", target, f"the stale {found.path.name}"
+    return None
 
 
 def needs_calibration(cfg: EngineConfig) -> str | None:
@@ -63,9 +70,9 @@ def ensure_calibrated(cfg: EngineConfig) -> None:
     missing = _missing_calibration(cfg)
     if missing is None:
         return
-    reason, target = missing
+    reason, target, fallback = missing
     if not os.access(cfg.engine_dir, os.W_OK):
-        print(f"bullet_trt: {reason}, and the engine directory is read-only: uncalibrated defaults "
+        print(f"bullet_trt: {reason}, and the engine directory is read-only: {fallback} "
               f"(calibrate with `bullet-trt build --profile --out {cfg.engine_dir}`)", file=sys.stderr, flush=True)
         return
     print(f"bullet_trt: {reason}: measuring this GPU once for the performance model, into {target} "
@@ -74,5 +81,5 @@ def ensure_calibrated(cfg: EngineConfig) -> None:
                            "--overrides", json.dumps(calibration_overrides(cfg))],
                           stdout=sys.stderr, stderr=sys.stderr)
     if done.returncode != 0:
-        print(f"bullet_trt: calibration failed (exit {done.returncode}); serving on uncalibrated defaults",
+        print(f"bullet_trt: calibration failed (exit {done.returncode}); serving on {fallback}",
               file=sys.stderr, flush=True)

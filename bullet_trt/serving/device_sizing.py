@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from bullet_trt.config import EngineConfig
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.serving.memory_plan import TYPICAL_CONTEXT, kv_heads_per_rank, plan_rank
-from bullet_trt.spatial.calibration_store import load_perf_model
+from bullet_trt.spatial.calibration_store import load_perf_model, moe_tiles_of
 from bullet_trt.spatial.perf_model import ModelCost
 
 # Decode batch sizes with a CUDA graph: dense where batches are small (each padded row
@@ -66,7 +66,7 @@ def decode_rows(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts, dtype_bytes: 
     cost = ModelCost.from_arch(arch, dtype_bytes).per_rank(tp, kv_heads_per_rank(arch, tp), arch.num_kv_heads)
     context = min(cfg.max_model_len, TYPICAL_CONTEXT)
     by_memory = plan_rank(arch, dtype_bytes, tp, total_memory, cfg.kv.gpu_memory_fraction, context).rows
-    perf, _ = load_perf_model(cfg.engine_dir, cost, gpu.name, total_sms)
+    perf, _ = load_perf_model(cfg.engine_dir, cost, gpu.name, total_sms, moe_tiles=moe_tiles_of(arch, gpu.name))
     budget_ms = cfg.serve.tpot_slo_ms * cfg.serve.tpot_plan_fraction
     by_time = max([b for b in GRAPH_BUCKETS if perf.decode_ms(b, b * context, total_sms) <= budget_ms],
                   default=1)

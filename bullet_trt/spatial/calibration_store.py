@@ -6,6 +6,12 @@ differently (docs/benchmarks.md). An engine directory therefore keeps one calibr
 GPU model, ``perf_model.<gpu>.yaml`` (``perf_model.nvidia-h100-80gb-hbm3.yaml``), and the
 server takes the one of the GPU it runs on. A plain ``perf_model.yaml`` is still read: as
 it is when it names no GPU (written by hand), and only on its own GPU when it names one.
+
+A calibration also holds only for the kernels it timed: a mixture-of-experts model's steps
+take their expert tiles from a tuned table per GPU (kernels/moe_tiles.py), and a new table
+made the H200's MoE decode steps up to 1.25x faster per layer (docs/moe.md). A calibration
+records the tiles it ran under; under others it is stale: ``serve.calibrate=auto`` measures
+again at start, and where nothing measures, it is still used, and the server says so.
 """
 from __future__ import annotations
 
@@ -15,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from bullet_trt.kernels import moe_tiles
+from bullet_trt.model.arch import ModelArch
 from bullet_trt.spatial.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel
 
 
@@ -31,16 +39,40 @@ def profile_file(engine_dir: str | Path, gpu_name: str) -> Path:
     return Path(engine_dir) / f"perf_profile.{gpu_slug(gpu_name)}.json"
 
 
+def moe_tiles_of(arch: ModelArch, gpu_name: str) -> str | None:
+    """The MoE kernels' tiles on this GPU (moe_tiles.fingerprint); None for a dense model."""
+    if not arch.moe_layers:
+        return None
+    return moe_tiles.fingerprint(gpu_name, arch.num_experts, arch.moe_intermediate_size, arch.hidden_size,
+                                 arch.num_experts_per_tok)
+
+
 @dataclass(frozen=True)
 class Calibration:
     path: Path | None  # None: no calibration fits; the uncalibrated defaults stand in
     note: str  # what was chosen and why, for the server's log
+    stale: str = ""  # why the chosen one no longer describes the kernels this server runs
 
 
-def find_calibration(engine_dir: str | Path, gpu_name: str, total_sms: int) -> Calibration:
+def _stale(path: Path, moe_tiles: str | None) -> str:
+    """Why the calibration at ``path`` was timed on other MoE tiles than ``moe_tiles``, or ""."""
+    if moe_tiles is None:
+        return ""
+    data = yaml.safe_load(path.read_text()) or {}
+    # calibrations from before the tuned tables ran the untuned ones
+    measured = (data.get("calibration") or {}).get("moe_tiles", "untuned")
+    if measured == moe_tiles:
+        return ""
+    return f"{path.name} timed the MoE kernels' tiles {measured}, this server runs {moe_tiles}"
+
+
+def find_calibration(engine_dir: str | Path, gpu_name: str, total_sms: int,
+                     moe_tiles: str | None = None) -> Calibration:
+    """``moe_tiles``: the MoE kernels' tiles the server will run (``moe_tiles_of``), which a
+    calibration timed under others is stale for; None for a dense model."""
     own = calibration_file(engine_dir, gpu_name)
     if own.is_file():
-        return Calibration(own, f"calibrated on {gpu_name} ({own.name})")
+        return Calibration(own, f"calibrated on {gpu_name} ({own.name})", _stale(own, moe_tiles))
     plain = Path(engine_dir) / PERF_MODEL_FILE
     if not plain.is_file():
         return Calibration(None, f"no calibration for {gpu_name}")
@@ -52,7 +84,8 @@ def find_calibration(engine_dir: str | Path, gpu_name: str, total_sms: int) -> C
     if measured_sms is not None and measured_sms != total_sms:
         # the same GPU model cut into a MIG slice, or a green context the server was started in
         return Calibration(None, f"no calibration for {total_sms} SMs ({plain.name} was measured on {measured_sms})")
-    return Calibration(plain, f"calibration {plain.name}" + (f" ({measured_on})" if measured_on else ""))
+    return Calibration(plain, f"calibration {plain.name}" + (f" ({measured_on})" if measured_on else ""),
+                       _stale(plain, moe_tiles))
 
 
 def measured_prefill_graphs(data: dict) -> list[int]:
@@ -66,17 +99,19 @@ def _how(graph_tokens: list[int]) -> str:
 
 
 def load_perf_model(engine_dir: str | Path, cost: ModelCost, gpu_name: str | None,
-                    total_sms: int, prefill_graph_tokens: list[int] | None = None) -> tuple[PerfModel, str]:
+                    total_sms: int, prefill_graph_tokens: list[int] | None = None,
+                    moe_tiles: str | None = None) -> tuple[PerfModel, str]:
     """The performance model for this device (gpu_name None: the CPU) and a line saying
     where it came from. Without a fitting calibration, uncalibrated defaults that the online
-    correction then pulls toward measured times. `prefill_graph_tokens`: the prefill worker's
+    correction then pulls toward measured times. `moe_tiles`: as in ``find_calibration``.
+    `prefill_graph_tokens`: the prefill worker's
     graph buckets, where a prefill worker runs; a calibration measured otherwise is still
     taken, but the line says so: an eager prefill can be bound by the host launching kernels
     (a mixture-of-experts model's 128-token prefill on an H200: 42 ms eager, 15 ms graphed,
     docs/moe.md), a graphed one need not."""
     if gpu_name is None:
         return PerfModel.default(cost, total_sms, on_gpu=False), "CPU: uncalibrated defaults"
-    found = find_calibration(engine_dir, gpu_name, total_sms)
+    found = find_calibration(engine_dir, gpu_name, total_sms, moe_tiles)
     if found.path is None:
         return PerfModel.default(cost, total_sms, on_gpu=True), f"{found.note}: uncalibrated defaults"
     note = found.note
@@ -86,4 +121,7 @@ def load_perf_model(engine_dir: str | Path, cost: ModelCost, gpu_name: str | Non
         note += (f"; its prefill steps ran {_how(measured)}, this server's prefill worker runs them "
                  f"{_how(list(prefill_graph_tokens))}, so its prefill figures are off until the online "
                  f"correction has caught up (delete {found.path.name} to measure again at start)")
+    if found.stale:
+        note += (f"; stale: {found.stale}, so its figures are off until the online correction has caught "
+                 f"up (serve.calibrate=auto measures again at start)")
     return PerfModel.from_saved(data, cost), note

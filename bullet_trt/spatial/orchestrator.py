@@ -42,7 +42,7 @@ from bullet_trt.engine.tp_group import Rendezvous
 from bullet_trt.engine.tp_ranks import TensorParallelRanks
 from bullet_trt.protocol import (BatchDone, BatchFailed, DecodeStep, DecodeStepFailed, RowsLeft, SmSplit,
                                  WorkerFatal, WorkerPlan)
-from bullet_trt.spatial.calibration_store import load_perf_model
+from bullet_trt.spatial.calibration_store import load_perf_model, moe_tiles_of
 from bullet_trt.spatial.decode_rows import DecodeRows
 from bullet_trt.spatial.iteration_log import IterationLog
 from bullet_trt.spatial.partitioners import make_partitioner
@@ -176,7 +176,8 @@ class SpatialEngine:
             shard.size, shard.kv_heads(arch)[1], arch.num_kv_heads)
         gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         perf, note = load_perf_model(self.cfg.engine_dir, cost, gpu_name, self.total_sms,
-                                     worker_profiles(self.cfg)["prefill"].piecewise_graph_tokens)
+                                     worker_profiles(self.cfg)["prefill"].piecewise_graph_tokens,
+                                     moe_tiles_of(arch, gpu_name) if gpu_name else None)
         print(f"bullet_trt: performance model: {note}", file=sys.stderr, flush=True)
         return perf
 

@@ -49,6 +49,7 @@ ShareGPT-like load that pinned prefill to 24 SMs while the queue grew to 450 pro
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -263,8 +264,13 @@ class PerfModel:
 
     # -- persistence -------------------------------------------------------------------------
     def save(self, path: str | Path, extra: dict | None = None) -> None:
+        """Written whole, then renamed into place: servers on other GPUs of the machine may be
+        reading the engine directory's calibration while this one measures it again."""
         data = {"coeffs": asdict(self.coeffs), **(extra or {})}
-        Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
+        path = Path(path)
+        part = path.with_name(f".{path.name}.{os.getpid()}.part")
+        part.write_text(yaml.safe_dump(data, sort_keys=False))
+        os.replace(part, path)
 
     @staticmethod
     def from_saved(data: dict, cost: ModelCost) -> "PerfModel":
