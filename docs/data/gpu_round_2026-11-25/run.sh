@@ -27,7 +27,9 @@
 #            GPU at start): $MODE at $RATE, three seeds x 120 s, --stop-when-decided; one H200
 #            (61 GB of weights). The engine directory gets the stored H200 calibration
 #            (docs/data/perf_model_h200_qwen3-30b-a3b.yaml, measured with the prefill pieces
-#            sizing names); with FRESH_CALIBRATION=1 the first server measures its own, and a
+#            sizing names; a server re-measures one that timed other MoE tiles, and the stage
+#            copies the calibration served to $OUT); with FRESH_CALIBRATION=1 the first server
+#            measures its own, and a
 #            run whose $SETS change how steps run then takes a MOE_ENGINE of its own. Since
 #            2026-11-26 sizing plans bullet's decode up to the TPOT SLO for this model
 #            (serve.tpot_plan_fraction=1.0; SETS="serve.tpot_plan_fraction=0.85" for the old plan)
@@ -157,10 +159,13 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
     [ -f "$moe_engine/engine.yaml" ] || python build_engines.py --dummy-weights --arch qwen3-30b-a3b \
       --out "$moe_engine" --max-model-len 4096 >/dev/null || exit 1
     # the stored H200 calibration (random prompts, prefill pieces as sizing names them): a
-    # server that finds it skips two minutes of measuring; FRESH_CALIBRATION=1 measures anew
+    # server that finds it skips two minutes of measuring, unless it timed other MoE tiles than
+    # the GPU's table gives (stale: the server measures again); FRESH_CALIBRATION=1 measures anew
     [ -n "${FRESH_CALIBRATION:-}" ] || bash scripts/stored_calibrations.sh "$moe_engine" qwen3-30b-a3b
     COMMON=${COMMON/--engine-dir $ENGINE/--engine-dir $moe_engine}
     repeated "moe-${MODE:?}"
+    # whichever calibration served, so that one measured here can replace the stored file
+    cp "$moe_engine"/perf_model.*.yaml "$OUT/" 2>/dev/null
     ;;
   pair)
     gpu=0
