@@ -136,7 +136,10 @@ def engine_table(engine_dir: str, batch: int, ctx: int, prefill_tokens: int, mem
     arch = state.arch
     if not arch.moe_layers:
         raise SystemExit(f"bench moe: {engine_dir} is not a mixture-of-experts model")
-    profile = dataclasses.replace(cfg.prefill, cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes)
+    # the --batch rows graphed, as a serving decode step of that many rows is (the dummy engine's
+    # buckets stop at 64: its 384 rows once ran eager, 54.6 ms, and said nothing of serving)
+    profile = dataclasses.replace(cfg.prefill, max_num_seqs=max(cfg.prefill.max_num_seqs, batch),
+                                  cuda_graph_batch_sizes=sorted({*cfg.decode.cuda_graph_batch_sizes, batch}))
     session = TorchSession(model, state.kv_pool, state.block_size, profile)
     bs = state.block_size
     per_seq = -(-ctx // bs)
