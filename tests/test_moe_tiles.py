@@ -100,3 +100,13 @@ def test_every_shipped_table_is_named_by_what_it_holds(path):
                                              layer["top_k"], layer["dtype"])
     table = moe_tiles.parse_table(data, path.name)
     assert table[0][0] == 1  # a decode step of one row has a row of its own
+
+
+def test_the_benches_take_an_moe_preset_and_refuse_others_naming_the_flag():
+    from bullet_trt.tools.bench.moe_bench import moe_arch
+
+    assert moe_arch("qwen3-30b-a3b").num_experts == 128
+    with pytest.raises(SystemExit, match="--arch llama-3.1-8b has no MoE layers"):
+        moe_arch("llama-3.1-8b")
+    with pytest.raises(SystemExit, match="--arch must be one of"):
+        moe_arch("no-such-model")

@@ -44,6 +44,19 @@ from bullet_trt.tools.bench.json_output import write_json
 DTYPE = torch.bfloat16
 
 
+def moe_arch(name: str):
+    """The preset called ``name``, which must have MoE layers: else a SystemExit naming --arch."""
+    from bullet_trt.model.arch import ModelArch
+    from bullet_trt.model.presets import PRESETS
+
+    if name not in PRESETS:
+        raise SystemExit(f"--arch must be one of {sorted(PRESETS)}")
+    arch = ModelArch.from_hf_dict(PRESETS[name], source=name)
+    if not arch.moe_layers:
+        raise SystemExit(f"--arch {name} has no MoE layers")
+    return arch
+
+
 def moe_layers(arch, count: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """(gate_up, down, router) of `count` layers, random, on the GPU."""
     e, h, inter = arch.num_experts, arch.hidden_size, arch.moe_intermediate_size
@@ -230,14 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench moe needs a CUDA GPU")
-    from bullet_trt.model.arch import ModelArch
-    from bullet_trt.model.presets import PRESETS
-
-    if args.arch not in PRESETS:
-        raise SystemExit(f"--arch must be one of {sorted(PRESETS)}")
-    arch = ModelArch.from_hf_dict(PRESETS[args.arch], source=args.arch)
-    if not arch.moe_layers:
-        raise SystemExit(f"--arch {args.arch} has no MoE layers")
+    arch = moe_arch(args.arch)
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     stream = torch.cuda.current_stream()
     result: dict = {"copy_GBps": round(copy_gbs(stream), 1), "gemm_TFLOPs": round(gemm_tflops(stream), 1)}

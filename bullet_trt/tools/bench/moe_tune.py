@@ -160,14 +160,9 @@ def tune(args) -> dict:
 
     if not torch.cuda.is_available():
         raise SystemExit("bench moe-tune needs a CUDA GPU (or --merge)")
-    from bullet_trt.model.arch import ModelArch
-    from bullet_trt.model.presets import PRESETS
+    from bullet_trt.tools.bench.moe_bench import moe_arch
 
-    if args.arch not in PRESETS:
-        raise SystemExit(f"--arch must be one of {sorted(PRESETS)}")
-    arch = ModelArch.from_hf_dict(PRESETS[args.arch], source=args.arch)
-    if not arch.moe_layers:
-        raise SystemExit(f"--arch {args.arch} has no MoE layers")
+    arch = moe_arch(args.arch)
     index, count = parse_shard(args.shard)
     tokens = [int(t) for t in args.tokens.split(",") if t]
     tiles = tile_space()[index::count]
