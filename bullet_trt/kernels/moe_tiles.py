@@ -90,9 +90,8 @@ def best_rows(timings: list[dict], default_tiles: dict[int, dict]) -> list[dict]
     for tokens, timed in sorted(by_tokens.items()):
         best = min(timed, key=lambda t: t["ms"])
         row = {"tokens": tokens, "tile": check_tile(best["tile"], f"tokens {tokens}"), "ms": best["ms"]}
-        default = default_tiles.get(tokens)
-        untuned = [t["ms"] for t in timed if default is not None and check_tile(t["tile"], "") == default]
-        if untuned:
-            row["untuned_ms"] = untuned[0]
+        untuned = next((t["ms"] for t in timed if t["tile"] == default_tiles.get(tokens)), None)
+        if untuned is not None:
+            row["untuned_ms"] = untuned
         rows.append(row)
     return rows

@@ -56,18 +56,16 @@ LARGE_ROWS_PER_EXPERT = 32
 MOE_TILE_OVERRIDE: dict | None = None
 
 
+# cached whole: every eager MoE layer asks, and the name, device query and file lookup behind
+# the answer do not change while the process runs
 @functools.lru_cache(maxsize=None)
-def _device_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
-
-
 def tuned_table(dtype: torch.dtype, top_k: int, num_local_experts: int, inter: int, hidden: int,
                 device: torch.device) -> tuple[tuple[int, dict], ...] | None:
     """The tuned tile table for this GPU and layer shape, if one was measured (fp32 never is)."""
     if device.type != "cuda" or dtype == torch.float32:
         return None
     index = torch.cuda.current_device() if device.index is None else device.index
-    name = moe_tiles.table_name(_device_name(index), num_local_experts, inter, hidden, top_k,
+    name = moe_tiles.table_name(torch.cuda.get_device_name(index), num_local_experts, inter, hidden, top_k,
                                 str(dtype).removeprefix("torch."))
     return moe_tiles.load_table(name)
 
