@@ -23,13 +23,12 @@ Attention reads K/V straight from the paged cache (2, num_blocks, block_size, Hk
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from bullet_trt.kernels.metadata import AttentionMetadata
+from bullet_trt.kernels.sm_budget import get_num_sms, set_num_sms
 from bullet_trt.kernels.triton_dot import UPCAST_DOT, mm
 from bullet_trt.kernels.triton_moe import compile_moe_variants, fused_moe, moe_route
 from bullet_trt.kernels.triton_sample import gumbel_argmax, nucleus_tail_draw
@@ -70,24 +69,8 @@ MAX_SPLITS = 64
 # Fixed split count for every decode call when set (tests and sweeps); None: the policy above.
 DECODE_SPLITS_OVERRIDE: int | None = None
 
-_NUM_SMS: int | None = None
 # Set by the kernel tests: fresh outputs start as NaN so unwritten elements show up.
 _POISON = False
-
-
-def set_num_sms(n: int | None) -> None:
-    """The number of SMs the current stream may use (the engine calls this when it switches
-    SM partition, before capturing or running on it); None returns to the whole device. The
-    decode split count uses it, and so does cuBLASLt (see use_cublaslt)."""
-    global _NUM_SMS
-    if n is not None and int(n) < 1:
-        raise ValueError(f"set_num_sms: SM count must be >= 1, got {n}")
-    _NUM_SMS = None if n is None else int(n)
-    if torch.cuda.is_available() and hasattr(torch._C, "_set_sm_carveout_experimental"):
-        total = _device_sms(torch.cuda.current_device())
-        # The carve-out is what cuBLASLt leaves to others: it plans for total - carve-out SMs.
-        torch._C._set_sm_carveout_experimental(None if _NUM_SMS is None or _NUM_SMS >= total
-                                               else total - _NUM_SMS)
 
 
 def use_cublaslt() -> None:
@@ -97,20 +80,6 @@ def use_cublaslt() -> None:
     Measured on an H200 (now `bullet-trt bench kernels --compare-blas`): decode steps 13-15% faster on
     32-104 SM partitions, prefill up to 17%, and 2-3% faster on the whole GPU."""
     torch.backends.cuda.preferred_blas_library("cublaslt")
-
-
-@functools.lru_cache(maxsize=None)
-def _device_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def get_num_sms(device: torch.device | str | None = None) -> int:
-    if _NUM_SMS is not None:
-        return _NUM_SMS
-    device = torch.device(device) if device is not None else torch.device("cuda")
-    if device.type != "cuda":  # Triton interpreter runs on CPU tensors: pretend an H100
-        return 132
-    return _device_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
