@@ -3,6 +3,7 @@ its shards into a table the kernels read back. The kernels' results with every t
 are tests/gpu/test_fused_moe.py's."""
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -87,6 +88,64 @@ def test_merged_shards_write_a_table_the_kernels_read_back(tmp_path):
     assert moe_tiles.load_table("E=1,N=1,H=1,top_k=1,dtype=bfloat16,device=none.json", tmp_path) is None
 
 
+def test_a_partitions_shards_write_its_own_table_with_the_gain_over_the_tile_before(tmp_path):
+    timings = [{"tokens": 384, "tile": SMALL, "ms": 0.9}, {"tokens": 384, "tile": MID, "ms": 0.6},
+               {"tokens": 384, "tile": LARGE, "ms": 0.5}]
+    shard = {**part("NVIDIA H200", timings, {384: SMALL}), "sms": 68, "before": {"384": MID}}
+    table = moe_tune.merge([shard])
+    assert table["sms"] == 68
+    assert table["rows"] == [{"tokens": 384, "tile": LARGE, "ms": 0.5, "untuned_ms": 0.9, "before_ms": 0.6}]
+    path = moe_tune.write_table(table, str(tmp_path))
+    assert path.name == "E=128,N=768,H=2048,top_k=8,dtype=bfloat16,device=NVIDIA_H200,sms=68.json"
+    assert "on 68 SMs" in moe_tune.markdown(table) and "| 1.20x |" in moe_tune.markdown(table)
+    with pytest.raises(SystemExit, match="differ in sms"):
+        moe_tune.merge([shard, part("NVIDIA H200", timings, {384: SMALL})])
+
+
+def write(tables_dir, name, rows=((1, SMALL),)):
+    (tables_dir / name).write_text(json.dumps({"rows": [{"tokens": t, "tile": tile} for t, tile in rows]}))
+
+
+def test_a_gpus_tables_are_found_by_the_sm_count_they_were_tuned_on(tmp_path):
+    name = functools.partial(moe_tiles.table_name, "NVIDIA H200", 128, 768, 2048, 8)
+    for table in (name("bfloat16"), name("bfloat16", 68), name("bfloat16", 100), name("float16", 52),
+                  name("bfloat16").replace("H200", "H200_NVL"), name("bfloat16", 84).replace("E=128", "E=64")):
+        write(tmp_path, table)
+    found = moe_tiles.tables_of("NVIDIA H200", 128, 768, 2048, 8, "bfloat16", tmp_path)
+    assert found == {None: name("bfloat16"), 68: name("bfloat16", 68), 100: name("bfloat16", 100)}
+    assert moe_tiles.tables_of("NVIDIA H100 80GB HBM3", 128, 768, 2048, 8, "bfloat16", tmp_path) == {}
+
+
+@pytest.mark.parametrize("sms, tuned_on", [(68, 68), (72, 68), (84, 100), (116, None), (132, None), (12, 68)])
+def test_kernels_on_a_partition_take_the_table_tuned_nearest_its_sm_count(sms, tuned_on):
+    # 84 lies as near 68 as 100: the larger partition's tiles fill its SMs no worse
+    assert moe_tiles.nearest_sms([None, 68, 100], sms, 132) == tuned_on
+    assert moe_tiles.nearest_sms([None], 12, 132) is None
+
+
+def test_a_partitions_table_serves_only_the_token_counts_it_was_tuned_on():
+    whole = ((1, SMALL), (8192, LARGE))
+    decode_68 = ((64, MID), (768, MID))
+    tables = {None: whole, 68: decode_68}
+    assert moe_tiles.table_for(tables, 68, 132, 384) is decode_68
+    assert moe_tiles.table_for(tables, 68, 132, 4096) is whole  # a prefill step on 68 SMs
+    assert moe_tiles.table_for(tables, 68, 132, 16) is whole
+    assert moe_tiles.table_for(tables, 124, 132, 384) is whole
+    assert moe_tiles.table_for({68: decode_68}, 68, 132, 4096) is decode_68  # nothing else to take
+
+
+def test_the_fingerprint_names_every_partitions_table_and_only_this_gpus(tmp_path):
+    name = functools.partial(moe_tiles.table_name, "NVIDIA H200", 128, 768, 2048, 8, "bfloat16")
+    write(tmp_path, name())
+    write(tmp_path, name().replace("H200", "H200_NVL"))
+    whole = moe_tiles.fingerprint("NVIDIA H200", 128, 768, 2048, 8, tmp_path)
+    assert whole.startswith(name() + "#") and whole.count(".json#") == 1  # not the H200 NVL's
+    write(tmp_path, name(68), ((1, MID),))
+    with_partition = moe_tiles.fingerprint("NVIDIA H200", 128, 768, 2048, 8, tmp_path)
+    assert with_partition.count(".json#") == 2 and whole in with_partition  # a calibration goes stale
+    assert f"{name(68)}#" in with_partition
+
+
 def test_shards_of_different_gpus_are_not_merged():
     with pytest.raises(SystemExit, match="device"):
         moe_tune.merge([part("NVIDIA H200", [], {}), part("NVIDIA H100 80GB HBM3", [], {})])
@@ -97,7 +156,7 @@ def test_every_shipped_table_is_named_by_what_it_holds(path):
     data = json.loads(path.read_text())
     layer = data["layer"]
     assert path.name == moe_tiles.table_name(data["device"], layer["experts"], layer["inter"], layer["hidden"],
-                                             layer["top_k"], layer["dtype"])
+                                             layer["top_k"], layer["dtype"], data.get("sms"))
     table = moe_tiles.parse_table(data, path.name)
     assert table[0][0] == 1  # a decode step of one row has a row of its own
 

@@ -32,9 +32,10 @@ import triton.language as tl
 
 from bullet_trt.kernels import moe_tiles
 from bullet_trt.kernels.reference import moe_route
+from bullet_trt.kernels.sm_budget import device_sms, get_num_sms
 from bullet_trt.kernels.triton_dot import UPCAST_DOT, mm
 
-__all__ = ["moe_route", "fused_moe", "moe_align_block_size", "moe_config", "untuned_config", "tuned_table",
+__all__ = ["moe_route", "fused_moe", "moe_align_block_size", "moe_config", "untuned_config", "tuned_tables",
            "compile_moe_variants"]
 
 # The untuned tiles, keyed by (fp32 inputs, large), for a GPU or layer shape without a tuned
@@ -56,18 +57,19 @@ LARGE_ROWS_PER_EXPERT = 32
 MOE_TILE_OVERRIDE: dict | None = None
 
 
-# cached whole: every eager MoE layer asks, and the name, device query and file lookup behind
+# cached whole: every eager MoE layer asks, and the name, device query and file lookups behind
 # the answer do not change while the process runs
 @functools.lru_cache(maxsize=None)
-def tuned_table(dtype: torch.dtype, top_k: int, num_local_experts: int, inter: int, hidden: int,
-                device: torch.device) -> tuple[tuple[int, dict], ...] | None:
-    """The tuned tile table for this GPU and layer shape, if one was measured (fp32 never is)."""
+def tuned_tables(dtype: torch.dtype, top_k: int, num_local_experts: int, inter: int, hidden: int,
+                 device: torch.device) -> dict[int | None, tuple[tuple[int, dict], ...]]:
+    """This GPU's tuned tile tables for the layer shape, by the SM count each was tuned on
+    (None: the whole GPU); none for fp32, which is never tuned."""
     if device.type != "cuda" or dtype == torch.float32:
-        return None
+        return {}
     index = torch.cuda.current_device() if device.index is None else device.index
-    name = moe_tiles.table_name(torch.cuda.get_device_name(index), num_local_experts, inter, hidden, top_k,
+    names = moe_tiles.tables_of(torch.cuda.get_device_name(index), num_local_experts, inter, hidden, top_k,
                                 str(dtype).removeprefix("torch."))
-    return moe_tiles.load_table(name)
+    return {sms: moe_tiles.load_table(name) for sms, name in names.items()}
 
 
 def untuned_config(dtype: torch.dtype, tokens: int, top_k: int, num_local_experts: int) -> dict:
@@ -81,8 +83,10 @@ def moe_config(dtype: torch.dtype, tokens: int, top_k: int, num_local_experts: i
     of this shape: the override, else the tuned table's, else the untuned form's."""
     if MOE_TILE_OVERRIDE is not None:
         return dict(MOE_TILE_OVERRIDE)
-    table = tuned_table(dtype, top_k, num_local_experts, inter, hidden, device)
-    if table:
+    tables = tuned_tables(dtype, top_k, num_local_experts, inter, hidden, device)
+    if tables:
+        index = torch.cuda.current_device() if device.index is None else device.index
+        table = moe_tiles.table_for(tables, get_num_sms(device), device_sms(index), tokens)
         return moe_tiles.tile_for(table, tokens)
     return untuned_config(dtype, tokens, top_k, num_local_experts)
 
@@ -271,7 +275,7 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
 
 def compile_moe_variants(num_local_experts: int, hidden: int, inter: int, top_k: int,
                          dtype: torch.dtype, device: torch.device | str) -> None:
-    """Compiles every tile this layer shape can take (the tuned table's, else both untuned
+    """Compiles every tile this layer shape can take (its tuned tables', else both untuned
     forms): which one a step takes depends on its token count, and without this the first large
     prefill would stall for a compile (most of a second) mid-serving. The GEMMs' compiled form
     depends on the shapes, top_k and dtype but not on the expert count, so one scratch expert
@@ -279,9 +283,9 @@ def compile_moe_variants(num_local_experts: int, hidden: int, inter: int, top_k:
     count."""
     global MOE_TILE_OVERRIDE
     device = torch.device(device)
-    table = tuned_table(dtype, top_k, num_local_experts, inter, hidden, device)
-    if table:
-        tiles = [tile for _, tile in table]
+    tables = tuned_tables(dtype, top_k, num_local_experts, inter, hidden, device)
+    if tables:  # every partition's: a worker moves between them
+        tiles = [tile for table in tables.values() for _, tile in table]
     else:
         tiles = [MOE_CONFIGS[(dtype == torch.float32, large)] for large in (False, True)]
     x = torch.zeros(2, hidden, dtype=dtype, device=device)

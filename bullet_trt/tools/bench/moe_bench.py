@@ -81,10 +81,11 @@ def experts_hit(ops, layers, x: torch.Tensor, top_k: int, renormalize: bool) -> 
             for _, _, router in layers]
 
 
-def graphed(fn):
+def graphed(fn, stream=None):
     """fn captured in a CUDA graph (after a warm-up run that compiles its kernels): the
-    replay, which is how the engine runs a decode step."""
-    stream = torch.cuda.Stream()
+    replay, which is how the engine runs a decode step. ``stream``: capture there (an SM
+    partition's, as a worker captures its graphs on each partition's stream)."""
+    stream = stream if stream is not None else torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()

@@ -9,11 +9,17 @@ next to the untuned tile's time (triton_moe.MOE_CONFIGS).
 
 The search space is 192 tiles; ``--shard I/N`` times every N-th of them from the I-th, so N
 GPUs of one machine share the work, each writing its timings with --json; ``--merge`` joins
-the parts (they must name the same GPU and layer) into the table:
+the parts (they must name the same GPU, layer and SM count) into the table:
 
     bullet-trt bench moe-tune --shard 0/4 --json part0.json     # ... one per GPU
     bullet-trt bench moe-tune --merge part*.json --out-dir bullet_trt/kernels/moe_tile_tables
     bullet-trt bench moe-tune --out-dir bullet_trt/kernels/moe_tile_tables   # one GPU: all of it
+
+With ``--sms N`` every tile runs on a green-context partition of N SMs (decode's side of a
+split, or prefill's where decode never gets N), as a bullet worker runs its steps, and the table
+is that partition's (``moe_tiles``: kernels planning for N SMs take it). Each row also carries
+the time of the tile the kernels took before the table (``before_ms``: on a partition, the
+nearest table's, the whole GPU's where it is the only one), so the table says what it gains.
 """
 from __future__ import annotations
 
@@ -53,8 +59,31 @@ def layer_shape(arch) -> dict:
             "top_k": arch.num_experts_per_tok, "dtype": "bfloat16"}
 
 
-def time_tiles(arch, tokens_list: list[int], tiles: list[dict]) -> list[dict]:
-    """{tokens, tile, ms} (or error) for every token count and tile."""
+def partition(sms: int):
+    """A green-context stream whose kernels get ``sms`` SMs, and the SMs it really has:
+    decode's side of a split where decode can get that many, else prefill's."""
+    import torch
+
+    from bullet_trt.spatial.partitioners import make_partitioner
+
+    part = make_partitioner("green", torch.device("cuda", torch.cuda.current_device()))
+    total, offered = part.total_sms, part.splits()
+    if total - sms in offered:
+        role, split = "decode", total - sms
+    elif sms in offered:
+        role, split = "prefill", sms
+    else:
+        raise SystemExit(f"bench moe-tune: --sms {sms} is no partition of this GPU's {total} SMs: green "
+                         f"gives either side {offered[0]}..{offered[-1]} step {part.granularity}")
+    part.prepare(role, [split])
+    return part, part.stream(split), part.actual_sms(split)[0 if role == "prefill" else 1]
+
+
+def time_tiles(arch, tokens_list: list[int], tiles: list[dict], stream=None) -> list[dict]:
+    """{tokens, tile, ms} (or error) for every token count and tile, captured and replayed on
+    ``stream`` (an SM partition's) when given."""
+    import contextlib
+
     import torch
 
     from bullet_trt.kernels import triton_moe
@@ -64,24 +93,38 @@ def time_tiles(arch, tokens_list: list[int], tiles: list[dict]) -> list[dict]:
     (w_gate_up, w_down, router), = moe_layers(arch, 1)
     k = arch.num_experts_per_tok
     out = []
-    try:
-        for tokens in tokens_list:
-            x = torch.randn(tokens, arch.hidden_size, device="cuda").to(DTYPE)
-            weights, ids = triton_moe.moe_route(x @ router.t(), k, arch.norm_topk_prob)
-            for tile in tiles:
-                triton_moe.MOE_TILE_OVERRIDE = tile
-                row = {"tokens": tokens, "tile": tile}
-                try:
-                    replay = graphed(lambda: triton_moe.fused_moe(x, w_gate_up, w_down, weights, ids))
-                    row["ms"] = round(do_bench(replay, warmup_ms=10, rep_ms=40), 5)
-                except Exception as e:  # noqa: BLE001 - a tile that does not fit the GPU is a result
-                    row["error"] = str(e)[:160]
-                out.append(row)
-            best = min((r for r in out if r["tokens"] == tokens and "ms" in r), key=lambda r: r["ms"], default=None)
-            print(json.dumps({"tokens": tokens, "best": best}), flush=True)
-    finally:
-        triton_moe.MOE_TILE_OVERRIDE = None
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        try:
+            for tokens in tokens_list:
+                x = torch.randn(tokens, arch.hidden_size, device="cuda").to(DTYPE)
+                weights, ids = triton_moe.moe_route(x @ router.t(), k, arch.norm_topk_prob)
+                for tile in tiles:
+                    triton_moe.MOE_TILE_OVERRIDE = tile
+                    row = {"tokens": tokens, "tile": tile}
+                    try:
+                        replay = graphed(lambda: triton_moe.fused_moe(x, w_gate_up, w_down, weights, ids), stream)
+                        row["ms"] = round(do_bench(replay, warmup_ms=10, rep_ms=40), 5)
+                    except Exception as e:  # noqa: BLE001 - a tile that does not fit the GPU is a result
+                        row["error"] = str(e)[:160]
+                    out.append(row)
+                best = min((r for r in out if r["tokens"] == tokens and "ms" in r), key=lambda r: r["ms"],
+                           default=None)
+                print(json.dumps({"tokens": tokens, "best": best}), flush=True)
+        finally:
+            triton_moe.MOE_TILE_OVERRIDE = None
     return out
+
+
+def kernels_tiles(arch, tokens_list: list[int]) -> dict[int, dict]:
+    """The tile each token count takes now, at the SM count the kernels plan for (the tables
+    already there: on a partition, the nearest one's)."""
+    import torch
+
+    from bullet_trt.kernels import triton_moe
+
+    return {t: triton_moe.moe_config(torch.bfloat16, t, arch.num_experts_per_tok, arch.num_experts,
+                                     arch.moe_intermediate_size, arch.hidden_size, torch.device("cuda"))
+            for t in tokens_list}
 
 
 def untuned_tiles(arch, tokens_list: list[int]) -> dict[int, dict]:
@@ -95,24 +138,27 @@ def untuned_tiles(arch, tokens_list: list[int]) -> dict[int, dict]:
 
 
 def merge(parts: list[dict]) -> dict:
-    """The table from the parts' timings: one GPU model, one layer shape."""
+    """The table from the parts' timings: one GPU model, one layer shape, one SM count."""
     first = parts[0]
     for part in parts[1:]:
-        for key in ("device", "layer"):
-            if part[key] != first[key]:
-                raise SystemExit(f"--merge: the parts differ in {key}: {first[key]} vs {part[key]}")
+        for key in ("device", "layer", "sms"):
+            if part.get(key) != first.get(key):
+                raise SystemExit(f"--merge: the parts differ in {key}: {first.get(key)} vs {part.get(key)}")
     timings = [t for part in parts for t in part["timings"]]
     untuned = {int(t): tile for part in parts for t, tile in part["untuned"].items()}
-    return {"device": first["device"], "layer": first["layer"], "tuned_on": first["tuned_on"],
-            "tiles_timed": len({json.dumps(t["tile"], sort_keys=True) for t in timings}),
-            "rows": moe_tiles.best_rows(timings, untuned)}
+    before = {int(t): tile for part in parts for t, tile in part.get("before", {}).items()}
+    table = {"device": first["device"], "layer": first["layer"], "tuned_on": first["tuned_on"]}
+    if first.get("sms") is not None:
+        table["sms"] = first["sms"]
+    return {**table, "tiles_timed": len({json.dumps(t["tile"], sort_keys=True) for t in timings}),
+            "rows": moe_tiles.best_rows(timings, untuned, before)}
 
 
 def write_table(table: dict, out_dir: str) -> Path:
     moe_tiles.parse_table(table, "the merged table")  # what the kernels will read back
     layer = table["layer"]
     name = moe_tiles.table_name(table["device"], layer["experts"], layer["inter"], layer["hidden"],
-                                layer["top_k"], layer["dtype"])
+                                layer["top_k"], layer["dtype"], table.get("sms"))
     path = Path(out_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table, indent=1) + "\n")
@@ -120,15 +166,18 @@ def write_table(table: dict, out_dir: str) -> Path:
 
 
 def markdown(table: dict) -> str:
-    lines = [f"{table['device']}, layer {table['layer']}, {table['tiles_timed']} tiles timed", "",
-             "| tokens | tile (M, N, K, group, warps, stages) | ms | untuned ms | untuned / tuned |",
-             "|---|---|---|---|---|"]
+    where = f"on {table['sms']} SMs" if table.get("sms") is not None else "on the whole GPU"
+    lines = [f"{table['device']} {where}, layer {table['layer']}, {table['tiles_timed']} tiles timed", "",
+             "| tokens | tile (M, N, K, group, warps, stages) | ms | untuned ms | untuned / tuned "
+             "| before ms | before / tuned |", "|---|---|---|---|---|---|---|"]
     for row in table["rows"]:
         t = row["tile"]
-        untuned = row.get("untuned_ms")
-        ratio = f"{untuned / row['ms']:.2f}x" if untuned else "-"
+        cells = []
+        for key in ("untuned_ms", "before_ms"):
+            ms = row.get(key)
+            cells += [str(ms) if ms else "-", f"{ms / row['ms']:.2f}x" if ms else "-"]
         lines.append(f"| {row['tokens']} | {t['BLOCK_M']}, {t['BLOCK_N']}, {t['BLOCK_K']}, {t['GROUP_M']}, "
-                     f"{t['num_warps']}, {t['num_stages']} | {row['ms']} | {untuned or '-'} | {ratio} |")
+                     f"{t['num_warps']}, {t['num_stages']} | {row['ms']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -138,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", default="qwen3-30b-a3b", help="preset whose MoE layer shape is tuned")
     ap.add_argument("--tokens", default=TOKENS, help="token counts the table has rows for")
     ap.add_argument("--shard", default="0/1", help="I/N: time every N-th tile from the I-th")
+    ap.add_argument("--sms", type=int, help="tune on a green-context partition of this many SMs (default: "
+                    "the whole GPU)")
     ap.add_argument("--json", help="write this shard's timings here (for --merge)")
     ap.add_argument("--merge", nargs="+", metavar="PART", help="join these shards' timings into the table")
     ap.add_argument("--out-dir", help="write the table (named by GPU and layer) into this directory")
@@ -160,16 +211,29 @@ def tune(args) -> dict:
 
     if not torch.cuda.is_available():
         raise SystemExit("bench moe-tune needs a CUDA GPU (or --merge)")
+    from bullet_trt.kernels import sm_budget
     from bullet_trt.tools.bench.moe_bench import moe_arch
 
     arch = moe_arch(args.arch)
     index, count = parse_shard(args.shard)
     tokens = [int(t) for t in args.tokens.split(",") if t]
     tiles = tile_space()[index::count]
-    print(f"{torch.cuda.get_device_name()}: {len(tiles)} tiles x {len(tokens)} token counts", flush=True)
-    return {"device": torch.cuda.get_device_name(), "layer": layer_shape(arch),
-            "tuned_on": time.strftime("%Y-%m-%d"), "shard": args.shard,
-            "timings": time_tiles(arch, tokens, tiles), "untuned": untuned_tiles(arch, tokens)}
+    part, stream, sms = None, None, None
+    if args.sms is not None:
+        part, stream, sms = partition(args.sms)
+    sm_budget.set_num_sms(sms)  # what the kernels plan for, as a worker on that partition sets it
+    where = f"on {sms} SMs" if sms is not None else "on the whole GPU"
+    print(f"{torch.cuda.get_device_name()} {where}: {len(tiles)} tiles x {len(tokens)} token counts", flush=True)
+    try:
+        result = {"device": torch.cuda.get_device_name(), "layer": layer_shape(arch), "sms": sms,
+                  "tuned_on": time.strftime("%Y-%m-%d"), "shard": args.shard,
+                  "timings": time_tiles(arch, tokens, tiles, stream), "untuned": untuned_tiles(arch, tokens),
+                  "before": kernels_tiles(arch, tokens)}
+    finally:
+        sm_budget.set_num_sms(None)
+        if part is not None:
+            part.close()  # its green context outlives every step queued on its stream
+    return result
 
 
 if __name__ == "__main__":
