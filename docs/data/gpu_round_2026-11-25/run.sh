@@ -164,8 +164,9 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
     [ -n "${FRESH_CALIBRATION:-}" ] || bash scripts/stored_calibrations.sh "$moe_engine" qwen3-30b-a3b
     COMMON=${COMMON/--engine-dir $ENGINE/--engine-dir $moe_engine}
     repeated "moe-${MODE:?}"
-    # whichever calibration served, so that one measured here can replace the stored file
-    cp "$moe_engine"/perf_model.*.yaml "$OUT/" 2>/dev/null
+    # whichever calibration served, so that one measured here can replace the stored file, and
+    # its measured points (perf_profile.*.json, when this run measured it), to refit it on a CPU
+    cp "$moe_engine"/perf_model.*.yaml "$moe_engine"/perf_profile.*.json "$OUT/" 2>/dev/null
     ;;
   pair)
     gpu=0
