@@ -16,7 +16,7 @@ again at start, and where nothing measures, it is still used, and the server say
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -52,13 +52,18 @@ class Calibration:
     path: Path | None  # None: no calibration fits; the uncalibrated defaults stand in
     note: str  # what was chosen and why, for the server's log
     stale: str = ""  # why the chosen one no longer describes the kernels this server runs
+    data: dict = field(default_factory=dict)  # the chosen file's contents, read once
 
 
-def _stale(path: Path, moe_tiles: str | None) -> str:
-    """Why the calibration at ``path`` was timed on other MoE tiles than ``moe_tiles``, or ""."""
+def _read(path: Path) -> dict:
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def _stale(path: Path, data: dict, moe_tiles: str | None) -> str:
+    """Why the calibration at ``path`` (its contents ``data``) was timed on other MoE tiles than
+    ``moe_tiles``, or ""."""
     if moe_tiles is None:
         return ""
-    data = yaml.safe_load(path.read_text()) or {}
     # calibrations from before the tuned tables ran the untuned ones
     measured = (data.get("calibration") or {}).get("moe_tiles", "untuned")
     if measured == moe_tiles:
@@ -72,11 +77,12 @@ def find_calibration(engine_dir: str | Path, gpu_name: str, total_sms: int,
     calibration timed under others is stale for; None for a dense model."""
     own = calibration_file(engine_dir, gpu_name)
     if own.is_file():
-        return Calibration(own, f"calibrated on {gpu_name} ({own.name})", _stale(own, moe_tiles))
+        data = _read(own)
+        return Calibration(own, f"calibrated on {gpu_name} ({own.name})", _stale(own, data, moe_tiles), data)
     plain = Path(engine_dir) / PERF_MODEL_FILE
     if not plain.is_file():
         return Calibration(None, f"no calibration for {gpu_name}")
-    data = yaml.safe_load(plain.read_text()) or {}
+    data = _read(plain)
     measured_on = (data.get("calibration") or {}).get("gpu")
     measured_sms = (data.get("coeffs") or {}).get("total_sms")
     if measured_on is not None and measured_on != gpu_name:
@@ -85,7 +91,7 @@ def find_calibration(engine_dir: str | Path, gpu_name: str, total_sms: int,
         # the same GPU model cut into a MIG slice, or a green context the server was started in
         return Calibration(None, f"no calibration for {total_sms} SMs ({plain.name} was measured on {measured_sms})")
     return Calibration(plain, f"calibration {plain.name}" + (f" ({measured_on})" if measured_on else ""),
-                       _stale(plain, moe_tiles))
+                       _stale(plain, data, moe_tiles), data)
 
 
 def measured_prefill_graphs(data: dict) -> list[int]:
@@ -114,8 +120,7 @@ def load_perf_model(engine_dir: str | Path, cost: ModelCost, gpu_name: str | Non
     found = find_calibration(engine_dir, gpu_name, total_sms, moe_tiles)
     if found.path is None:
         return PerfModel.default(cost, total_sms, on_gpu=True), f"{found.note}: uncalibrated defaults"
-    note = found.note
-    data = yaml.safe_load(found.path.read_text())
+    note, data = found.note, found.data
     measured = measured_prefill_graphs(data)
     if prefill_graph_tokens is not None and measured != list(prefill_graph_tokens):
         note += (f"; its prefill steps ran {_how(measured)}, this server's prefill worker runs them "
