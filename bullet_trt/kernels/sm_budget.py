@@ -31,10 +31,12 @@ def device_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def get_num_sms(device: torch.device | str | None = None) -> int:
-    if _NUM_SMS is not None:
-        return _NUM_SMS
+def whole_device_sms(device: torch.device | str | None = None) -> int:
     device = torch.device(device) if device is not None else torch.device("cuda")
     if device.type != "cuda":  # Triton interpreter runs on CPU tensors: pretend an H100
         return 132
     return device_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def get_num_sms(device: torch.device | str | None = None) -> int:
+    return _NUM_SMS if _NUM_SMS is not None else whole_device_sms(device)

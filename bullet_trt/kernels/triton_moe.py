@@ -32,7 +32,7 @@ import triton.language as tl
 
 from bullet_trt.kernels import moe_tiles
 from bullet_trt.kernels.reference import moe_route
-from bullet_trt.kernels.sm_budget import device_sms, get_num_sms
+from bullet_trt.kernels.sm_budget import get_num_sms, whole_device_sms
 from bullet_trt.kernels.triton_dot import UPCAST_DOT, mm
 
 __all__ = ["moe_route", "fused_moe", "moe_align_block_size", "moe_config", "untuned_config", "tuned_tables",
@@ -85,8 +85,7 @@ def moe_config(dtype: torch.dtype, tokens: int, top_k: int, num_local_experts: i
         return dict(MOE_TILE_OVERRIDE)
     tables = tuned_tables(dtype, top_k, num_local_experts, inter, hidden, device)
     if tables:
-        index = torch.cuda.current_device() if device.index is None else device.index
-        table = moe_tiles.table_for(tables, get_num_sms(device), device_sms(index), tokens)
+        table = moe_tiles.table_for(tables, get_num_sms(device), whole_device_sms(device), tokens)
         return moe_tiles.tile_for(table, tokens)
     return untuned_config(dtype, tokens, top_k, num_local_experts)
 
