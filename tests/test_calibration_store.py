@@ -4,6 +4,7 @@ the H200's figures). The measurement itself needs a GPU: tests/gpu/test_calibrat
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -122,8 +123,10 @@ H200_MOE_CALIBRATION = H200_CALIBRATION.with_name("perf_model_h200_qwen3-30b-a3b
 def test_a_dense_model_has_no_moe_tiles_and_an_moe_one_names_its_gpus_table():
     assert moe_tiles_of(ModelArch.from_hf_dict(PRESETS["llama-3.1-8b"]), H200) is None
     on_h200 = moe_tiles_of(MOE_ARCH, H200)
-    table = moe_tiles.table_name(H200, 128, 768, 2048, 8, "bfloat16")
-    assert on_h200.startswith(f"{table}#") and len(on_h200) == len(table) + 13
+    tables = moe_tiles.tables_of(H200, 128, 768, 2048, 8, "bfloat16")
+    assert tables[None] == moe_tiles.table_name(H200, 128, 768, 2048, 8, "bfloat16")
+    named = re.findall(r"(.+?\.json)#([0-9a-f]{12})(?:,|$)", on_h200)
+    assert sorted(name for name, _ in named) == sorted(tables.values())  # the whole GPU's and every partition's
     assert moe_tiles_of(MOE_ARCH, "a GPU nobody tuned") == "untuned"
 
 
