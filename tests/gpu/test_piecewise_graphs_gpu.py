@@ -81,8 +81,14 @@ def test_the_mixed_step_bench_times_the_hosts_launch_apart(tmp_path):
     from bullet_trt.tools.bench.mixed_step import markdown, measure
 
     e = engine(tmp_path, "llama", "bfloat16")
-    result = measure(str(e), chunks=[32], decode_rows=[0, 8], ctx=24)
+    result = measure(str(e), chunks=[32], decode_rows=[0, 8], ctx=24, profile_host=True)
     assert [(r["chunk"], r["decode_rows"]) for r in result["steps"]] == [(32, 0), (32, 8)]
     for row in result["steps"]:
         assert 0 < row["graphed_launch_ms"] and 0 < row["graphed_ms"] and 0 < row["eager_ms"]
-    assert "graphed launch ms (host)" in markdown(result)
+        host = row["host_profile"]
+        names = [ev["name"] for ev in host["events"]]
+        assert any(n.startswith(("cuda", "cu")) for n in names), names  # the launches' runtime calls
+        assert all(ev["calls"] > 0 and ev["self_ms"] > 0 for ev in host["events"])
+        assert 0 < host["events_ms"] and 0 < host["profiled_ms"]
+    table = markdown(result)
+    assert "graphed launch ms (host)" in table and "| host event | calls | own ms |" in table

@@ -1,7 +1,8 @@
 """`bullet-trt bench mixed-step`: chunked mode's mixed step, eager against piecewise CUDA graphs.
 
     bullet-trt bench mixed-step --engine-dir engines/llama-3.1-8b [--chunks 512,1024,2048]
-        [--decode-rows 0,64,256,512] [--ctx 512] [--repeated-tokens] [--profile] [--json out.json]
+        [--decode-rows 0,64,256,512] [--ctx 512] [--repeated-tokens] [--profile] [--host-profile]
+        [--json out.json]
 
 A mixed step is what chunked prefill runs while prompts wait: a chunk of one prompt's tokens
 and one token for each decoding sequence, in one forward. Timed on the whole GPU with CUDA
@@ -25,7 +26,10 @@ the median time to queue the graphed step on an idle device, without waiting for
 serving engine launches steps one ahead): near graphed_ms, the host sets the step's pace, and a
 serving loop launching ahead cannot hide it. (In serving, chunked's mixed steps of 256-511 rows
 logged a 24.4 ms launch against 29.7 ms on an H200 at 40 req/s, seventeenth round: this tells
-how much of that is the host's own work.)
+how much of that is the host's own work.) --host-profile says where that launch time goes:
+each step's graphed launch once more under the profiler, its host-side events (CUDA runtime
+and driver calls, torch ops) by their own time, so a launch that waits for the device (an
+allocation, a synchronizing copy) stands apart from many short kernel launches.
 """
 from __future__ import annotations
 
@@ -84,6 +88,31 @@ def kernel_profile(run, stream, top: int = 15) -> dict:
                         for e in kernels[:top]]}
 
 
+def host_profile(launch, stream, top: int = 15) -> dict:
+    """Where the host's time goes while `launch()` queues a step on an idle device: the
+    profiler's host-side events of one launch (CUDA runtime and driver calls, torch ops) by
+    their own time. A launch that waits for the device (an allocation through cudaMalloc, a
+    synchronizing copy) shows it here as one call's time, where kernel launches are many short
+    ones. The profiler's own overhead is inside `profiled_ms`; the shares are what it tells."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.cuda.stream(stream):
+        launch().results()  # warm
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            flight = launch()
+            profiled_ms = (time.perf_counter() - start) * 1e3
+        flight.results()
+    host = [e for e in prof.key_averages() if e.device_type == DeviceType.CPU and e.self_cpu_time_total > 0]
+    host.sort(key=lambda e: -e.self_cpu_time_total)
+    return {"profiled_ms": round(profiled_ms, 2),
+            "events_ms": round(sum(e.self_cpu_time_total for e in host) / 1e3, 2),
+            "events": [{"name": e.key[:90], "calls": e.count, "self_ms": round(e.self_cpu_time_total / 1e3, 3)}
+                       for e in host[:top]]}
+
+
 def host_launch_ms(launch, stream, repeats: int = 10) -> float:
     """Median host milliseconds of `launch()` queuing a step (a StepInFlight) on an idle device,
     without waiting for it; each step's results are taken before the next launch, so no launch
@@ -106,7 +135,7 @@ def step_flops(cost: ModelCost, chunk: int, decode_rows: int, ctx: int) -> float
 
 
 def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int, repeated: bool = False,
-            profile_first: bool = False) -> dict:
+            profile_first: bool = False, profile_host: bool = False) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("bullet-trt bench mixed-step needs a CUDA GPU")
     steps = [(c, d) for c in chunks for d in decode_rows if c + d > 0]
@@ -151,6 +180,8 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
                "graphed_ms": round(graphed, 3), "eager_over_graphed": round(eager / graphed, 3),
                "graphed_launch_ms": round(launch, 3),
                "graphed_TFLOPs": round(tflops, 1), "of_gemm_rate": round(tflops / rate, 3)}
+        if profile_host:
+            row["host_profile"] = host_profile(lambda: session.launch(items), stream)
         if repeated:
             same = eager_and_graphed(mixed_items(chunk, decode, ctx, state.block_size, vocab, repeated=True))
             row["eager_repeated_ms"], row["graphed_repeated_ms"] = (round(ms, 3) for ms in same)
@@ -177,6 +208,13 @@ def markdown(result: dict) -> str:
                   "| chunk | decode rows | eager ms | piecewise graphs ms |", "|---|---|---|---|"]
         lines += [f"| {r['chunk']} | {r['decode_rows']} | {r['eager_repeated_ms']} | {r['graphed_repeated_ms']} |"
                   for r in result["steps"]]
+    for r in result["steps"]:
+        if "host_profile" in r:
+            h = r["host_profile"]
+            lines += ["", f"graphed launch, chunk {r['chunk']} + {r['decode_rows']} decode rows, profiled: "
+                      f"{h['profiled_ms']} ms, host events {h['events_ms']} ms", "",
+                      "| host event | calls | own ms |", "|---|---|---|"]
+            lines += [f"| {e['name']} | {e['calls']} | {e['self_ms']} |" for e in h["events"]]
     if "eager_profile" in result:
         p = result["eager_profile"]
         lines += ["", f"eager step, chunk {p['chunk']} + {p['decode_rows']} decode rows: wall {p['wall_ms']} ms, "
@@ -195,11 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeated-tokens", action="store_true",
                     help="also time each step with one token id repeated")
     ap.add_argument("--profile", action="store_true", help="the first step's kernels, eager (torch.profiler)")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="each step's graphed launch on an idle device: its host-side events by their own time")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args(argv)
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     result = measure(args.engine_dir, ints(args.chunks), ints(args.decode_rows), args.ctx, args.repeated_tokens,
-                     args.profile)
+                     args.profile, args.host_profile)
     print(markdown(result))
     write_json(args.json, result)
     return 0
