@@ -43,17 +43,18 @@ def _names(device_name: str, num_experts: int, inter: int, hidden: int, top_k: i
     return re.compile(re.escape(head) + dtype_part + device_part + r"(?:,sms=(\d+))?\.json")
 
 
+def _matching(pattern: re.Pattern, tables_dir: Path) -> list[tuple[Path, re.Match]]:
+    """The tables in ``tables_dir`` whose names ``pattern`` matches, in name order."""
+    paths = sorted(tables_dir.glob("*.json")) if tables_dir.is_dir() else []
+    return [(p, m) for p in paths if (m := pattern.fullmatch(p.name)) and p.is_file()]
+
+
 def tables_of(device_name: str, num_experts: int, inter: int, hidden: int, top_k: int, dtype: str,
               tables_dir: Path = TABLES_DIR) -> dict[int | None, str]:
     """The names of this GPU's tables for the layer, by the SM count each was tuned on (None:
     the whole GPU)."""
     pattern = _names(device_name, num_experts, inter, hidden, top_k, dtype)
-    found = {}
-    for path in tables_dir.glob("*.json") if tables_dir.is_dir() else ():
-        match = pattern.fullmatch(path.name)
-        if match and path.is_file():
-            found[int(match.group(1)) if match.group(1) else None] = path.name
-    return found
+    return {int(m.group(1)) if m.group(1) else None: p.name for p, m in _matching(pattern, tables_dir)}
 
 
 def nearest_sms(tuned_on: list[int | None], sms: int, total_sms: int) -> int | None:
@@ -80,8 +81,7 @@ def fingerprint(device_name: str, num_experts: int, inter: int, hidden: int, top
     """Which tiles the kernels take for this GPU and layer shape, as a calibration records it:
     "untuned", or each table's name (any dtype, any SM partition) with a digest of its contents.
     A calibration measured under other tiles describes kernels that no longer run."""
-    pattern = _names(device_name, num_experts, inter, hidden, top_k, None)
-    found = sorted(p for p in tables_dir.glob("*.json") if pattern.fullmatch(p.name) and p.is_file())
+    found = [p for p, _ in _matching(_names(device_name, num_experts, inter, hidden, top_k, None), tables_dir)]
     if not found:
         return "untuned"
     return ",".join(f"{p.name}#{hashlib.sha256(p.read_bytes()).hexdigest()[:12]}" for p in found)
