@@ -102,6 +102,7 @@ def _file_runs(worker: Path, kind_dir: Path, tag: str, scrubs: list[tuple[str, s
     written = []
     for stage in sorted(worker.glob("serve_*.tar.gz")):
         stage_dir = unpack(stage, worker / stage.name.removesuffix(".tar.gz"))
+        folders: dict[Path, dict] = {}  # each folder this stage's runs went to, and one run's overrides
         for result_file in sorted(stage_dir.glob("serve/*.json")):
             text = scrubbed(result_file.read_text(), scrubs)
             result = json.loads(text)
@@ -113,10 +114,11 @@ def _file_runs(worker: Path, kind_dir: Path, tag: str, scrubs: list[tuple[str, s
             with lzma.open(target, "wt") as out:
                 out.write(text)
             written.append(target)
+            folders[folder] = result.get("overrides", {})
+        for folder, overrides in folders.items():  # a stage's logs once per folder, however many runs
             for log in stage_dir.glob("serve/server_*.log"):
                 (folder / f"{log.stem}_{tag}_{stage_dir.name}.log").write_text(
                     scrubbed(log.read_text(errors="replace"), scrubs))
-            overrides = result.get("overrides", {})
             if "serve.iteration_log" in overrides:  # the worker's logs of this mode (named iterations_MODE_...)
                 for it in worker.glob(f"iterations_{overrides.get('serve.mode', '')}_*.jsonl.gz"):
                     shutil.copy(it, folder / f"{it.name.removesuffix('.jsonl.gz')}_{tag}.jsonl.gz")
