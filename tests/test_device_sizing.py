@@ -97,6 +97,24 @@ def test_an_moe_models_spatial_prefill_worker_gets_piecewise_graphs_and_a_dense_
     assert ranks.prefill.piecewise_graph_tokens == []  # pieces run on one rank only
 
 
+def test_an_moe_models_spatial_prefill_batches_may_hold_32_prompts_unless_told_otherwise(tmp_path, llama8b):
+    moe = ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"])
+    for mode in ("bullet", "static"):
+        sized = config(tmp_path, {"serve.mode": mode})
+        assert "prefill.max_num_seqs=32" in size_for(sized, moe, H200) and sized.prefill.max_num_seqs == 32
+    told = config(tmp_path, {"serve.mode": "bullet", "prefill.max_num_seqs": "12"})
+    size_for(told, moe, H200)
+    assert told.prefill.max_num_seqs == 12
+    larger = config(tmp_path, {"serve.mode": "bullet"})
+    larger.prefill.max_num_seqs = 64  # engine.yaml's own, larger cap is not cut down
+    size_for(larger, moe, H200)
+    assert larger.prefill.max_num_seqs == 64
+    for mode, arch, tp in (("chunked", moe, "1"), ("bullet", llama8b, "1"), ("bullet", moe, "2")):
+        kept = config(tmp_path, {"serve.mode": mode, "parallel.tensor_parallel_size": tp})
+        notes = size_for(kept, arch, H200)
+        assert kept.prefill.max_num_seqs == 8 and not any(n.startswith("prefill.max_num_seqs") for n in notes)
+
+
 def test_chunked_and_bullet_launch_their_steps_one_ahead_on_one_gpu_unless_told_otherwise(tmp_path, llama8b):
     moe = ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"])
     for mode in ("chunked", "bullet"):

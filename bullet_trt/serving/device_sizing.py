@@ -6,7 +6,8 @@ up to 1024 rows, 2048-token chunks for bullet, and for chunked 1024-token chunks
 steps replay piecewise CUDA graphs; both modes' steps launched one ahead of the last one's
 tokens (decode.overlap_steps; docs/benchmarks.md); a mixture-of-experts model's prefill
 worker in the spatial modes replays them too, since its eager step is bound by the host
-issuing its kernels (docs/moe.md). With serve.sizing=auto each of those
+issuing its kernels, and takes batches of up to 32 prompts, since each batch streams
+every expert (docs/moe.md). With serve.sizing=auto each of those
 keys that no override names is set here, inside the engine process, from:
 
 - memory: the KV pool's share of the device (kv.gpu_memory_fraction less the weights) over
@@ -35,6 +36,7 @@ MAX_DECODE_ROWS = 1024  # the largest decode batch calibrated and served so far
 # The best chunk measured on an H100 and an H200 (docs/benchmarks.md): bullet's prefill fuses
 # prompts up to it; chunked's mixed steps, once graphed, sustain the most at 1024 on both GPUs.
 GPU_CHUNK_TOKENS = {"bullet": 2048, "static": 2048, "chunked": 1024}
+MOE_PREFILL_SEQS = 32  # an MoE model's prefill batch cap in the spatial modes, as measured
 PIECEWISE_STEP_TOKENS = 256  # the spacing of the piecewise graphs' token buckets, as measured
 
 
@@ -113,6 +115,10 @@ def size_for(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts) -> list[str]:
         cfg.prefill.piecewise_graph_tokens = sized_prefill_pieces(cfg, arch, mode, cfg.serve.chunk_size)
         if cfg.prefill.piecewise_graph_tokens:
             notes.append(f"prefill.piecewise_graph_tokens {cfg.prefill.piecewise_graph_tokens}")
+    seqs = sized_prefill_seqs(cfg, arch, mode)
+    if "prefill.max_num_seqs" not in given and seqs is not None:
+        cfg.prefill.max_num_seqs = seqs
+        notes.append(f"prefill.max_num_seqs={seqs}")
     if "decode.overlap_steps" not in given and sized_overlap(cfg, mode):
         cfg.decode.overlap_steps = True
         notes.append("decode.overlap_steps=true")
@@ -132,6 +138,21 @@ def sized_tpot_plan(arch: ModelArch, mode: str) -> float | None:
         # 34 at 1.0 (TPOT p99 then 45-49 ms; docs/benchmarks.md). A dense model keeps 0.85
         # until its Azure-like loads, where nearly every step runs beside a prefill, are measured.
         return 1.0
+    return None
+
+
+def sized_prefill_seqs(cfg: EngineConfig, arch: ModelArch, mode: str) -> int | None:
+    """The prompts one prefill batch of the spatial modes may hold, where it differs from
+    engine.yaml's 8. An MoE model's prefill batch streams every expert whatever its size (beside
+    decode on 32 of an H200's SMs a fixed ~60 ms of each batch, docs/moe.md), so at capacity
+    its worker, busy 95-97% of the time on batches of exactly 8 prompts, fell behind; with room
+    for 32 the admission (spatial/policy.py, bounded by TTFT and the token budget) formed
+    batches of 9-12 and the worker kept up: Qwen3-30B-A3B on an H200 attained 97.2% at 52 req/s
+    where 8 attained 59.2% (same machine and seed, docs/benchmarks.md). Static mode shares the
+    worker and the admission's caps, so the baseline keeps the same batches. A dense model's
+    batches are unmeasured at other caps and keep 8."""
+    if mode in ("bullet", "static") and arch.moe_layers and cfg.parallel.tensor_parallel_size == 1:
+        return max(cfg.prefill.max_num_seqs, MOE_PREFILL_SEQS)
     return None
 
 
