@@ -104,7 +104,7 @@ def test_a_calibration_names_how_its_prefill_ran_when_the_prefill_worker_runs_ot
     _, same = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[])
     _, graphed = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[128, 256, 2048])
     assert same == f"calibrated on {H200} ({eager.name})"
-    assert "ran eagerly" in graphed and "through graphs up to 2048 tokens" in graphed
+    assert "ran eagerly" in graphed and "through graphs of [128, 256, 2048] tokens" in graphed
     assert f"delete {eager.name}" in graphed
     data = yaml.safe_load(eager.read_text())
     data["calibration"]["prefill_graph_tokens"] = [128, 256, 2048]
@@ -112,7 +112,9 @@ def test_a_calibration_names_how_its_prefill_ran_when_the_prefill_worker_runs_ot
     _, now_same = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[128, 256, 2048])
     _, now_eager = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[])
     assert now_same == same
-    assert "ran through graphs up to 2048 tokens" in now_eager and "runs them eagerly" in now_eager
+    assert "ran through graphs of [128, 256, 2048] tokens" in now_eager and "runs them eagerly" in now_eager
+    _, other_buckets = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[128, 1024, 2048])
+    assert "[128, 256, 2048]" in other_buckets and "runs them through graphs of [128, 1024, 2048]" in other_buckets
 
 
 MOE_ARCH = ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"])

@@ -101,7 +101,8 @@ def measured_prefill_graphs(data: dict) -> list[int]:
 
 
 def _how(graph_tokens: list[int]) -> str:
-    return f"through graphs up to {graph_tokens[-1]} tokens" if graph_tokens else "eagerly"
+    # the whole list: two sets of buckets that both end at the chunk pad batches differently
+    return f"through graphs of {graph_tokens} tokens" if graph_tokens else "eagerly"
 
 
 def load_perf_model(engine_dir: str | Path, cost: ModelCost, gpu_name: str | None,
