@@ -89,6 +89,6 @@ def test_the_mixed_step_bench_times_the_hosts_launch_apart(tmp_path):
         names = [ev["name"] for ev in host["events"]]
         assert any(n.startswith(("cuda", "cu")) for n in names), names  # the launches' runtime calls
         assert all(ev["calls"] > 0 and ev["self_ms"] > 0 for ev in host["events"])
-        assert 0 < host["events_ms"] and 0 < host["profiled_ms"]
+        assert 0 < host["events_ms"] and 0 < host["profiled_ms"] and 0 < host["outside_events_ms"]
     table = markdown(result)
     assert "graphed launch ms (host)" in table and "| host event | calls | own ms |" in table
