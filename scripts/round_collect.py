@@ -16,7 +16,8 @@ folder go, under the GPU's short name (h200, h100; from each worker's environmen
 - calls.txt: every job each GPU took, the host line, test summaries and each run's printed line,
   below the comment lines a calls.txt there already starts with (the round's description).
 
-Text is scrubbed of the machine's own paths (`--scrub OLD=NEW`, in order) before it is written.
+Text is scrubbed of the machine's own paths (`--scrub OLD=NEW`, in order) and of its Python's install
+prefix (`.../site-packages/` becomes `site-packages/`) before it is written.
 `report.sh` (scripts/round_report.sh) then builds the round's summaries from the folders.
 """
 from __future__ import annotations
@@ -47,10 +48,14 @@ def gpu_kind(environment: Path) -> str:
     return match.group(1).lower() if match else "gpu"
 
 
+# a Python's install prefix, in tracebacks and warnings: where the GPU machine keeps its venv says nothing
+SITE_PACKAGES = re.compile(r"/\S*?/site-packages/")
+
+
 def scrubbed(text: str, scrubs: list[tuple[str, str]]) -> str:
     for old, new in scrubs:
         text = text.replace(old, new)
-    return text
+    return SITE_PACKAGES.sub("site-packages/", text)
 
 
 def run_folder(result: dict) -> str:

@@ -41,7 +41,8 @@ def worker_archive(call_dir: Path, gpu: int, attainment: float) -> None:
                      f"gpu{gpu}/serve_moe.tar.gz": stage,
                      f"gpu{gpu}/iterations_bullet_7.jsonl.gz": gzip.compress(b'{"phase": "decode"}\n'),
                      f"gpu{gpu}/iterations_chunked_8.jsonl.gz": gzip.compress(b'{"phase": "mixed"}\n'),
-                     f"gpu{gpu}/bench_moe-tune.json": b'{"written": "/machine/out/x.json"}'})
+                     f"gpu{gpu}/bench_moe-tune.json": b'{"written": "/machine/out/x.json"}',
+                     f"gpu{gpu}/bench_mixed-step.log": b"/machine/py/lib/python3.12/site-packages/torch/x.py:1: Warn\n"})
     call_dir.mkdir(parents=True, exist_ok=True)
     (call_dir / f"gpu{gpu}.tar.gz").write_bytes(worker)
 
@@ -71,6 +72,7 @@ def test_a_rounds_archives_are_filed_by_run_with_the_machines_paths_scrubbed(tmp
         "iterations_bullet_7_call1_gpu0.jsonl.gz", "iterations_bullet_7_call2_gpu0.jsonl.gz"]  # its mode's only
     assert (round_dir / "h200/bench/call2_gpu0_bench_moe-tune.json").read_text() == '{"written": "$OUT/x.json"}'
     assert (round_dir / "h200/environment.txt").read_text().startswith("NVIDIA H200")
+    assert (round_dir / "h200/bench/call1_gpu0_bench_mixed-step.log").read_text() == "site-packages/torch/x.py:1: Warn\n"
 
     calls = (round_dir / "calls.txt").read_text().splitlines()
     assert calls[:2] == ["# what this round ran", "# and where"] and "stale body" not in calls
