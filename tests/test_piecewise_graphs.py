@@ -13,6 +13,7 @@ from bullet_trt.engine.piecewise_graphs import PiecewiseGraphs
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.shared_state import build_shared_state
 from bullet_trt.kernels.metadata import AttentionMetadata
+from bullet_trt.model.transformer import SparseMoeBlock
 from bullet_trt.serving.llm import LLM
 from tests.test_engine import engine_dir_for, prompts
 
@@ -59,6 +60,34 @@ def test_the_pieces_give_the_forwards_hidden_states_and_kv_cache(engine):
     torch.testing.assert_close(written, plain_pool, rtol=1e-5, atol=1e-5)
     assert torch.equal(written[:, :, 4:], plain_pool[:, :, 4:])
     assert set(pieces.pieces) == {(0, 32)}
+
+
+def test_an_moe_layer_sends_the_padded_rows_to_no_expert(engine):
+    """21 tokens in the 32 bucket: every MoE layer's output is zero on the 11 padded rows (their
+    assignments left out of the grouped GEMM) and the real rows' hidden states are the forward's."""
+    cfg = load_engine_config(engine, {"kv.num_blocks": "16"})
+    state, model = build_shared_state(cfg, share=False)
+    blocks = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, SparseMoeBlock)]
+    if not blocks:
+        pytest.skip("a dense model: its MLP costs padded rows the same either way")
+    state.kv_pool.normal_()
+    ids, positions, meta = mixed_batch(state.block_size, state.kv_pool.device)
+    outputs = []
+    with torch.inference_mode():
+        expected = model(ids, positions, state.kv_pool.clone(), meta)
+        hooks = [b.register_forward_hook(lambda _m, _a, out: outputs.append(out.clone())) for b in blocks]
+        pieces = PiecewiseGraphs(model, state.kv_pool, [32], capture=False)
+        got = pieces.run(ids, positions, meta).clone()
+        for hook in hooks:
+            hook.remove()
+    assert len(outputs) == len(blocks)
+    for out in outputs:
+        assert out.shape[0] == 32 and torch.count_nonzero(out[21:]) == 0 and torch.count_nonzero(out[:21]) > 0
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    # routed, the padded rows would have gone to experts like any other row
+    x = torch.randn(4, model.arch.hidden_size, dtype=model.dtype)
+    assert torch.count_nonzero(blocks[0](model.ops, x)[2:]) > 0
+    assert torch.count_nonzero(blocks[0](model.ops, x, torch.tensor([2]))[2:]) == 0
 
 
 def test_a_chunked_engine_with_piecewise_pieces_generates_the_same_tokens(engine):

@@ -7,7 +7,11 @@ experts) works on each token alone, so its shapes depend only on the token count
 vLLM's piecewise graphs, a step of T tokens runs padded to a token bucket B >= T: one graph per
 stretch between two attentions (embedding to layer 0's q/k/v, layer i's o_proj to layer i+1's
 q/k/v, the last layer's o_proj to the final norm), and each layer's attention eagerly between
-them over the T real tokens only, so padded rows never reach the KV cache.
+them over the T real tokens only, so padded rows never reach the KV cache. An MoE layer routes
+the padded rows to no expert (T is read on the device at each replay): all alike, they would
+otherwise land on the same k experts and cost what as many real tokens cost, which with the
+spatial prefill worker's coarse buckets (a 1100-token batch in the 2048 bucket) was most of a
+batch's extra time.
 
 The pieces pass their results through static buffers (q, k, v, residual, attention output,
 final hidden), which is what lets every graph of every bucket share one memory pool: nothing
@@ -42,6 +46,7 @@ class PiecewiseGraphs:
         self.residual = torch.zeros(n, model.arch.hidden_size, dtype=dtype, device=device)
         self.attended = torch.zeros(n, attn.num_heads * attn.head_dim, dtype=dtype, device=device)
         self.hidden = torch.zeros(n, model.arch.hidden_size, dtype=dtype, device=device)
+        self.real_rows = torch.zeros(1, dtype=torch.long, device=device)  # T of the step in flight
         # (stream, bucket) -> the num_layers + 1 pieces, graphs or (without capture) callables
         self.pieces: dict[tuple[int, int], list] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
@@ -66,11 +71,11 @@ class PiecewiseGraphs:
             self._keep_head(b, *m.layer_head(0, m._embed(ids), None, pos))
 
         def between() -> None:
-            hidden, residual = m.layer_tail(i - 1, self.attended[:b], self.residual[:b])
+            hidden, residual = m.layer_tail(i - 1, self.attended[:b], self.residual[:b], self.real_rows)
             self._keep_head(b, *m.layer_head(i, hidden, residual, pos))
 
         def last() -> None:
-            hidden, residual = m.layer_tail(i - 1, self.attended[:b], self.residual[:b])
+            hidden, residual = m.layer_tail(i - 1, self.attended[:b], self.residual[:b], self.real_rows)
             self.hidden[:b].copy_(m.finish(hidden, residual))
 
         return first if i == 0 else last if i == self.num_layers else between
@@ -130,6 +135,7 @@ class PiecewiseGraphs:
         pieces = self.pieces[key]
         self.input_ids[:t].copy_(input_ids)
         self.positions[:t].copy_(positions)
+        self.real_rows.fill_(t)
         self.input_ids[t:b].zero_()
         self.positions[t:b].zero_()
         self.attended[t:b].zero_()  # padded rows: zeros, never stale values that could overflow

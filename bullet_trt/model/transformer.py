@@ -134,7 +134,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inter, arch.hidden_size, bias=arch.mlp_bias)
         self.gate_up = None  # (weight, bias) views over gate/up when they lie back to back
 
-    def forward(self, ops, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, ops, x: torch.Tensor, real_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`real_rows`: as in SparseMoeBlock; a dense MLP costs padded rows the same either way."""
         act = ops.silu_and_mul(_fused_linear(x, self.gate_up, [self.gate_proj, self.up_proj]))
         return _row_parallel(act, self.down_proj, self.tp)
 
@@ -163,10 +164,26 @@ class SparseMoeBlock(nn.Module):
         self.experts = Experts(arch, tp.shard)
         self.top_k, self.renormalize = arch.num_experts_per_tok, arch.norm_topk_prob
 
-    def forward(self, ops, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, ops, x: torch.Tensor, real_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`real_rows`: a one-element tensor, how many leading rows of `x` are real where the rest
+        pad a step to a graph's token bucket (engine/piecewise_graphs.py); the padded rows go to
+        no expert and come out zero. Routed, they would cost the experts what as many real tokens
+        cost, all on the same k experts (the padded rows are identical)."""
         weights, ids = ops.moe_route(self.gate(x), self.top_k, self.renormalize)
+        if real_rows is not None:
+            ids = unrouted_past(ids, real_rows)
         e = self.experts
         return self.tp.all_reduce(ops.fused_moe(x, e.gate_up_proj, e.down_proj, weights, ids, e.expert_offset))
+
+
+NO_EXPERT = -1  # an expert id outside every rank's range: fused_moe leaves the assignment out
+
+
+def unrouted_past(ids: torch.Tensor, real_rows: torch.Tensor) -> torch.Tensor:
+    """`ids` (T, k) with the rows from real_rows[0] on sent to no expert; graph-safe (the count
+    is read on the device, so one captured graph serves every count)."""
+    rows = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
+    return torch.where(rows < real_rows, ids, NO_EXPERT)
 
 
 class DecoderLayer(nn.Module):
@@ -291,15 +308,15 @@ class CausalLM(nn.Module):
                         kv_caches: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model.layers[i].self_attn.attend(self.ops, q, k, v, kv_caches[i], meta)
 
-    def layer_tail(self, i: int, attended: torch.Tensor,
-                   residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer_tail(self, i: int, attended: torch.Tensor, residual: torch.Tensor,
+                   real_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer i after attention: o_proj, the residual add and norm, the MLP (or experts).
-        Returns (hidden, residual)."""
+        Returns (hidden, residual). `real_rows`: where the rows are padded (SparseMoeBlock)."""
         layer = self.model.layers[i]
         hidden = layer.self_attn.output(attended)
         norm = layer.post_attention_layernorm
         x, residual = self.ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)
-        return layer.mlp(self.ops, x), residual
+        return layer.mlp(self.ops, x, real_rows), residual
 
     def finish(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         norm = self.model.norm

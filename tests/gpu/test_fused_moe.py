@@ -22,6 +22,7 @@ DEV = kernel_device()  # skips this module where kernels cannot run
 from bullet_trt.kernels import moe_tiles  # noqa: E402
 from bullet_trt.kernels import reference as ref  # noqa: E402
 from bullet_trt.kernels import triton_moe as tmoe  # noqa: E402
+from bullet_trt.model.transformer import NO_EXPERT, unrouted_past  # noqa: E402
 
 FP32, BF16 = torch.float32, torch.bfloat16
 # The interpreter truncates fp32 to bf16 where the GPU rounds: twice the error of one rounding.
@@ -101,6 +102,24 @@ def test_a_rank_holding_an_expert_range_computes_its_share():
         check(got, want(x, w_gate_up[lo:hi], w_down[lo:hi], weights, ids, lo), FP32)
         parts.append(got)
     check(sum(parts), want(x, w_gate_up, w_down, weights, ids), FP32)
+
+
+def test_padded_rows_sent_to_no_expert_come_out_zero_and_leave_the_real_rows_alone():
+    """A piecewise step's padded rows (model/transformer.unrouted_past): their assignments are
+    left out of the sort, so they cost the grouped GEMM nothing, and they read zero."""
+    hidden, inter, experts, top_k = LAYER
+    w_gate_up, w_down, router = layer(FP32, hidden, inter, experts)
+    tokens = DECODE_TOKENS[-1] + 3
+    x, weights, ids = routed(tokens, hidden, router, top_k)
+    real = tokens - 3
+    unrouted = unrouted_past(ids, torch.tensor([real], device=DEV))
+    assert bool((unrouted[real:] == NO_EXPERT).all()) and torch.equal(unrouted[:real], ids[:real])
+    got = tmoe.fused_moe(x, w_gate_up, w_down, weights, unrouted)
+    assert torch.count_nonzero(got[real:]) == 0
+    check(got[:real], want(x[:real], w_gate_up, w_down, weights[:real], ids[:real]), FP32)
+    _, _, num_padded = tmoe.moe_align_block_size(unrouted, 16, experts)
+    _, _, all_padded = tmoe.moe_align_block_size(ids, 16, experts)
+    assert int(num_padded.item()) <= int(all_padded.item())
 
 
 def test_align_block_size_groups_each_expert_in_whole_blocks():
