@@ -175,3 +175,34 @@ def test_fused_moe_inside_a_cuda_graph_follows_new_routing(tokens):
         seen.add(tuple(ids.flatten().tolist()))
         check(out, want(x, w_gate_up, w_down, weights, ids), BF16)
     assert len(seen) == 3  # every replay routed differently
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_a_captured_layer_reads_the_real_row_count_at_each_replay():
+    """The piecewise graphs' padded rows (model/transformer.unrouted_past): captured once, the
+    count lives on the device, so each replay leaves out the rows past its own count."""
+    hidden, inter, experts, top_k = LAYER
+    w_gate_up, w_down, router = layer(BF16, hidden, inter, experts)
+    tokens = 64
+    x = torch.randn(tokens, hidden, dtype=BF16, device=DEV)
+    real_rows = torch.full((1,), tokens, dtype=torch.long, device=DEV)
+
+    def step():
+        weights, ids = tmoe.moe_route(x @ router.t(), top_k, True)
+        return tmoe.fused_moe(x, w_gate_up, w_down, weights, unrouted_past(ids, real_rows))
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = step()
+    for real in (40, 7, 64):
+        real_rows.fill_(real)
+        graph.replay()
+        torch.cuda.synchronize()
+        weights, ids = ref.moe_route(x @ router.t(), top_k, True)
+        assert torch.count_nonzero(out[real:]) == 0
+        check(out[:real], want(x[:real], w_gate_up, w_down, weights[:real], ids[:real]), BF16)
