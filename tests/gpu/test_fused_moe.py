@@ -23,6 +23,7 @@ from bullet_trt.kernels import moe_tiles  # noqa: E402
 from bullet_trt.kernels import reference as ref  # noqa: E402
 from bullet_trt.kernels import triton_moe as tmoe  # noqa: E402
 from bullet_trt.model.transformer import NO_EXPERT, unrouted_past  # noqa: E402
+from bullet_trt.tools.bench.moe_bench import graphed  # noqa: E402
 
 FP32, BF16 = torch.float32, torch.bfloat16
 # The interpreter truncates fp32 to bf16 where the GPU rounds: twice the error of one rounding.
@@ -144,6 +145,14 @@ def test_align_block_size_groups_each_expert_in_whole_blocks():
     assert experts_of_blocks.tolist() == sorted(experts_of_blocks.tolist())
 
 
+def captured(step):
+    """`step` captured in a CUDA graph as the MoE bench captures (tools/bench/moe_bench.graphed):
+    the replay and the output tensor each replay writes (the captured call's, the last one)."""
+    outs = []
+    replay = graphed(lambda: outs.append(step()))
+    return replay, outs[-1]
+
+
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("tokens", [1, 64])
 def test_fused_moe_inside_a_cuda_graph_follows_new_routing(tokens):
@@ -158,18 +167,11 @@ def test_fused_moe_inside_a_cuda_graph_follows_new_routing(tokens):
         return tmoe.fused_moe(x, w_gate_up, w_down, weights, ids)
 
     x.copy_(torch.randn_like(x))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        out = step()
+    replay, out = captured(step)
     seen = set()
     for _ in range(3):
         x.copy_(torch.randn_like(x))
-        graph.replay()
+        replay()
         torch.cuda.synchronize()
         weights, ids = ref.moe_route(x @ router.t(), top_k, True)
         seen.add(tuple(ids.flatten().tolist()))
@@ -191,17 +193,10 @@ def test_a_captured_layer_reads_the_real_row_count_at_each_replay():
         weights, ids = tmoe.moe_route(x @ router.t(), top_k, True)
         return tmoe.fused_moe(x, w_gate_up, w_down, weights, unrouted_past(ids, real_rows))
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        out = step()
+    replay, out = captured(step)
     for real in (40, 7, 64):
         real_rows.fill_(real)
-        graph.replay()
+        replay()
         torch.cuda.synchronize()
         weights, ids = ref.moe_route(x @ router.t(), top_k, True)
         assert torch.count_nonzero(out[real:]) == 0
