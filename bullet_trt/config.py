@@ -170,6 +170,11 @@ class ParallelConfig:
     # columns (or experts) and vocabulary, and of the KV pool's heads; the ranks are one
     # process each on cuda:0..N-1 (gloo on CPU), the engine process being rank 0.
     tensor_parallel_size: int = 1
+    # Under tensor parallelism, decode steps replay CUDA graphs with the NCCL collectives captured
+    # inside (as on one GPU), instead of running eager: a TP=2 decode step ran eager at 4-6x one
+    # GPU's graphed step (docs/scale-out.md). Off until its GPU run (the H200 queue's TP tests
+    # and `bench tp`) has shown it; one GPU's decode graphs do not depend on it.
+    decode_graphs: bool = False
 
 
 @dataclass

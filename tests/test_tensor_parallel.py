@@ -13,7 +13,7 @@ from bullet_trt.engine.request import NewRequest
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.session import BatchItem
 from bullet_trt.model.arch import ModelArch
-from bullet_trt.model.tensor_parallel import Shard
+from bullet_trt.model.tensor_parallel import Collectives, Shard
 from bullet_trt.serving.llm import LLM
 from bullet_trt.serving.memory_plan import kv_heads_per_rank
 from tests.test_engine import engine_dir_for, prompts
@@ -57,6 +57,29 @@ def test_two_ranks_give_the_tokens_of_one(engines, variant):
     assert stats.kv_blocks_free_by_rank == (total, total)
     follower = core.ranks.procs[0]
     assert follower.pid != os.getpid() and follower.exitcode == 0  # stopped with the engine
+
+
+def test_collectives_go_into_graphs_only_where_there_are_some():
+    """parallel.decode_graphs asks for decode graphs with the collectives captured inside; one
+    rank has none to capture."""
+    assert Collectives(Shard(0, 2), in_graphs=True).in_graphs
+    assert not Collectives(Shard(), in_graphs=True).in_graphs
+    assert not Collectives(Shard(0, 2)).in_graphs
+
+
+def test_decode_graphs_leave_cpu_ranks_eager_and_exact(engines):
+    """gloo's collectives (a CPU's) cannot be captured: with the setting on, both ranks still
+    decode eager and give one process's tokens. tests/gpu/test_tensor_parallel_gpu.py runs the
+    graphs themselves over NCCL."""
+    engine = engines("llama")
+    batch = prompts(3, seed=5)
+    params = [GREEDY, SEEDED, GREEDY]
+    ref, _, _ = generate(engine, batch, params)
+    with LLM(str(engine), **TP2, **{"parallel.decode_graphs": True}) as llm:
+        leader = llm.engine.session
+        assert not leader.model.tp.in_graphs and leader.session.graphs is None
+        out = [c.token_ids for c in llm.generate_token_ids(batch, params)]
+    assert out == ref
 
 
 @pytest.mark.parametrize("variant", ["llama", "qwen3_moe"])

@@ -61,10 +61,11 @@ class TorchSession(EngineSession):
         if hasattr(model.ops, "use_cublaslt"):
             model.ops.use_cublaslt()
         from bullet_trt.kernels import reference
-        # Graphs need kernels that never sync with the host; the torch reference does.
-        # Under tensor parallelism decode runs eager: graphs that capture the NCCL collectives
-        # are GPU work not done yet (docs/scale-out.md).
-        graphable = model.ops is not reference and model.shard.single
+        # Graphs need kernels that never sync with the host; the torch reference does. Under
+        # tensor parallelism decode replays graphs only where the collectives may be captured
+        # too (parallel.decode_graphs: NCCL's, every rank capturing and replaying the same
+        # graphs in the same order); otherwise it runs eager.
+        graphable = model.ops is not reference and (model.shard.single or model.tp.in_graphs)
         if (use_cuda_graphs and self.device.type == "cuda" and profile.cuda_graph_batch_sizes
                 and graphable):
             from bullet_trt.engine.cuda_graphs import DecodeGraphs

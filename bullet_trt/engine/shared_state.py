@@ -32,6 +32,9 @@ class SharedEngineState:
     block_size: int
     max_model_len: int
     shard: Shard = Shard()
+    # parallel.decode_graphs: whether the sessions attached to this state capture the
+    # collectives in their decode graphs (each process rebuilds the model around the weights)
+    collectives_in_graphs: bool = False
 
     @property
     def num_blocks(self) -> int:
@@ -51,8 +54,9 @@ def build_shared_state(cfg: EngineConfig, share: bool = True, tp=None) -> tuple[
         raise ValueError(f"kv.block_size must be a power of two on GPU (the Triton attention "
                          f"kernels tile blocks by powers of two), got {bs}")
     dtype = resolve_dtype(arch, cfg.dtype, device)
+    in_graphs = cfg.parallel.decode_graphs and device.type == "cuda"
     model = CausalLM(arch, dtype, device, max_positions=cfg.max_model_len, shard=shard,
-                     group=tp.model_group if tp is not None else None)
+                     group=tp.model_group if tp is not None else None, collectives_in_graphs=in_graphs)
     if cfg.dummy_weights:
         model.init_random_weights(cfg.seed)
     else:
@@ -67,7 +71,7 @@ def build_shared_state(cfg: EngineConfig, share: bool = True, tp=None) -> tuple[
     if tp is not None:
         num_blocks = tp.min(num_blocks)
     pool = create_kv_pool(arch, num_blocks, cfg.kv.block_size, dtype, device, shared=share, shard=shard)
-    state = SharedEngineState(arch, dtype, weights, pool, cfg.kv.block_size, cfg.max_model_len, shard)
+    state = SharedEngineState(arch, dtype, weights, pool, cfg.kv.block_size, cfg.max_model_len, shard, in_graphs)
     return state, model
 
 
@@ -75,7 +79,7 @@ def attach_session(state: SharedEngineState, profile: ProfileConfig, group=None)
     """A session over already-built weights and pool (in this or another process); ``group``:
     the process group of the state's tensor-parallel ranks, joined in this process."""
     model = CausalLM(state.arch, state.dtype, "meta", max_positions=state.max_model_len, shard=state.shard,
-                     group=group)
+                     group=group, collectives_in_graphs=state.collectives_in_graphs)
     model.attach_weights(state.weights)
     return TorchSession(model, state.kv_pool, state.block_size, profile)
 

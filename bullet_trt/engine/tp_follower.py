@@ -20,6 +20,8 @@ def run_chunked_follower(cfg: EngineConfig, group: TPGroup, free_counts) -> None
     state, model = build_shared_state(cfg, share=False, tp=group)
     session = TorchSession(model, state.kv_pool, state.block_size, chunked_profile(cfg))
     session.warm_up()  # the same steps as rank 0's warm-up, collectives included
+    # and the same captures (each one's warm-up forwards pair with rank 0's; parallel.decode_graphs)
+    session.capture_graphs()
     follow_steps(group, BlockReplica(state.num_blocks), free_counts, session)
 
 

@@ -130,11 +130,16 @@ class Shard:
 
 class Collectives:
     """The model's communication with the other ranks of its shard: nothing at all on one rank.
-    ``group`` is the torch.distributed process group of the ranks (None: the default one)."""
+    ``group`` is the torch.distributed process group of the ranks (None: the default one).
+    ``in_graphs``: the collectives may be captured into CUDA graphs, so that a sharded model's
+    decode steps replay graphs as one GPU's do. NCCL's can be (each rank captures the same
+    graphs in the same order, and replays them in the same order, since every replay of a
+    captured all-reduce pairs with the other ranks' like an eager call); gloo's cannot."""
 
-    def __init__(self, shard: Shard, group=None):
+    def __init__(self, shard: Shard, group=None, in_graphs: bool = False):
         self.shard = shard
         self.group = group
+        self.in_graphs = in_graphs and not shard.single
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sums ``t`` over the ranks, in place."""

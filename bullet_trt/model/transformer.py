@@ -208,15 +208,17 @@ class CausalLM(nn.Module):
     ``loader.load_checkpoint``, ``attach_weights`` or ``init_random_weights``.
 
     ``shard``: the part of the model this rank holds (all of it by default); ``group``: the
-    torch.distributed process group of its ranks (None: the default group).
+    torch.distributed process group of its ranks (None: the default group);
+    ``collectives_in_graphs``: its collectives may be captured into CUDA graphs (Collectives).
     """
 
     def __init__(self, arch: ModelArch, dtype: torch.dtype, device: torch.device | str,
-                 max_positions: int | None = None, shard: Shard = Shard(), group=None):
+                 max_positions: int | None = None, shard: Shard = Shard(), group=None,
+                 collectives_in_graphs: bool = False):
         super().__init__()
         shard.check(arch)
         self.arch, self.dtype, self.shard = arch, dtype, shard
-        self.tp = Collectives(shard, group)
+        self.tp = Collectives(shard, group, collectives_in_graphs)
         self.max_positions = max_positions or arch.max_position_embeddings
         # Built on meta, so no time goes into random init that the loader overwrites anyway.
         with torch.device("meta"):

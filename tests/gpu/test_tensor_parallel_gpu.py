@@ -9,7 +9,8 @@ machine of two:
 sets them again before NCCL starts). Tokens must match exactly, so the models run in float32:
 in bf16 the ranks' partial sums add up in another order than one GPU's GEMM, and random
 weights leave near ties that such a difference flips. Decode runs eager under tensor
-parallelism (no CUDA graphs), against one GPU's graphs.
+parallelism unless `parallel.decode_graphs` captures the NCCL collectives into its CUDA graphs
+(the last tests), against one GPU's graphs.
 """
 from __future__ import annotations
 
@@ -84,5 +85,35 @@ def test_llama_8b_shape_on_two_gpus_gives_the_tokens_of_one(tmp_path):
     common = {"serve.mode": "chunked", "dtype": "float32", "kv.num_blocks": 512}
     want, _ = tokens(engine, prompts, params, **common)
     got, stats = tokens(engine, prompts, params, **common, **TP2)
+    assert got == want
+    assert stats.kv_blocks_free_by_rank == (512, 512)
+
+
+DECODE_GRAPHS = {**TP2, "parallel.decode_graphs": True}
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen3_moe"])
+def test_decode_graphs_with_the_collectives_inside_give_the_tokens_of_one(engines, variant):
+    """Every rank captures each decode bucket's graph, its all-reduces and the vocabulary's
+    all-gather inside, and the pure decode steps replay them on both ranks in step."""
+    prompts, params = workload(12, VOCAB_SIZE, (9, 120))
+    common = {"serve.mode": "chunked", "kv.num_blocks": 512}
+    want, _ = tokens(engines(variant), prompts, params, **common)
+    with LLM(str(engines(variant)), **common, **DECODE_GRAPHS) as llm:
+        graphs = llm.engine.session.session.graphs  # rank 0's, under its LeaderSession
+        assert graphs is not None and len(graphs.graphs) == len(graphs.batch_sizes)
+        got = [c.token_ids for c in llm.generate_token_ids(prompts, params)]
+        stats = llm.engine.stats()
+    assert got == want
+    assert stats.kv_blocks_free_by_rank == (512, 512)
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen3_moe"])
+def test_bullet_decode_graphs_with_the_collectives_inside_give_the_tokens_of_one(mps_daemon, engines, variant):
+    """The same in each GPU's decode worker, one graph per partition and bucket."""
+    prompts, params = workload(12, VOCAB_SIZE, (9, 120))
+    want, _ = tokens(engines(variant), prompts, params, **{"serve.mode": "chunked", "kv.num_blocks": 512})
+    got, stats = tokens(engines(variant), prompts, params, **DECODE_GRAPHS, **{
+        "serve.mode": "bullet", "serve.partitioner": "green", "kv.num_blocks": 512})
     assert got == want
     assert stats.kv_blocks_free_by_rank == (512, 512)

@@ -7,8 +7,9 @@
    timed with CUDA events; its bus bandwidth (NCCL's convention, 2(N-1)/N x bytes / time)
    against the link's.
 2. The engine's decode step: the chunked engine at TP=1 (decode CUDA graphs, and eager) and
-   at TP=N (eager: graphs with the collectives inside are not built yet), `batch` sequences of
-   `ctx` tokens decoding together, the median of the steps where all of them decode.
+   at TP=N (eager, and with its graphs capturing the collectives: `parallel.decode_graphs`),
+   `batch` sequences of `ctx` tokens decoding together, the median of the steps where all of
+   them decode.
 3. Per step, the collectives' share: 2 all-reduces a layer and one for the embedding at the
    batch's rows, from (1), against the step's time from (2).
 """
@@ -132,15 +133,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {n} | {ar[n]:.4f} | {bus:.1f} |" + (f" {bus / args.link_gbs:.0%} |" if args.link_gbs else ""))
     per_step = 2 * arch.num_layers + 1
     print(f"\ndecode step at {args.ctx} tokens a sequence ({per_step} all-reduces a step at TP={args.tp})")
-    print(f"| batch | TP=1 graphs ms | TP=1 eager ms | TP={args.tp} ms | all-reduces ms | their share |")
+    print(f"| batch | TP=1 graphs ms | TP=1 eager ms | TP={args.tp} eager ms | TP={args.tp} graphs ms "
+          f"| all-reduces ms | their share of the graphed step |")
+    tp = {"parallel.tensor_parallel_size": args.tp}
     for b in batches:
         one = decode_step_ms(args.engine_dir, b, args.ctx, {})
         eager = decode_step_ms(args.engine_dir, b, args.ctx, {"decode.cuda_graph_batch_sizes": "[]"})
-        many = decode_step_ms(args.engine_dir, b, args.ctx, {"parallel.tensor_parallel_size": args.tp})
+        many = decode_step_ms(args.engine_dir, b, args.ctx, tp)
+        many_graphs = decode_step_ms(args.engine_dir, b, args.ctx, {**tp, "parallel.decode_graphs": True})
         comm = per_step * ar[b]
         result["decode"].append({"batch": b, "tp1_graphs_ms": one, "tp1_eager_ms": eager, "tp_ms": many,
-                                 "all_reduce_ms": comm})
-        print(f"| {b} | {one:.2f} | {eager:.2f} | {many:.2f} | {comm:.2f} | {comm / many:.0%} |")
+                                 "tp_graphs_ms": many_graphs, "all_reduce_ms": comm})
+        print(f"| {b} | {one:.2f} | {eager:.2f} | {many:.2f} | {many_graphs:.2f} | {comm:.2f} "
+              f"| {comm / many_graphs:.0%} |")
     write_json(args.json, result)
     return 0
 
