@@ -12,7 +12,9 @@ cause and output length), gaps (how long the GPU waited for the host between dec
 iteration logs), host-step (the host's share of a graphed decode step against the code before,
 on this CPU), interference (what a prefill beside them cost decode steps on their own partition,
 from an iteration log), decode-sms (decode steps' GPU time and SM-time on a partition against the
-whole GPU at the same rows, from an iteration log)."""
+whole GPU at the same rows, from an iteration log), timeline (a bullet run's two phases window by
+window, and its prefill batches' cost per token and per batch beside decode, from an iteration
+log)."""
 from __future__ import annotations
 
 import importlib
@@ -36,6 +38,7 @@ KINDS = {
     "host-step": "bullet_trt.tools.bench.host_step",
     "interference": "bullet_trt.tools.bench.interference",
     "decode-sms": "bullet_trt.tools.bench.decode_sms",
+    "timeline": "bullet_trt.tools.bench.timeline",
 }
 
 

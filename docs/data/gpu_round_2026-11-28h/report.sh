@@ -11,3 +11,6 @@ R=docs/data/gpu_round_2026-11-28h/h200
 report moe-one-machine 50 $R/moe-chunked-2048-overlap_steps-true-chunked__sharegpt-tpot50 \
   $R/moe-bullet-2048-overlap_steps-true-bullet__sharegpt-tpot50
 report moe-code 50 $R/moe-bullet-2048-overlap_steps-true-bullet__azure-code-tpot50
+# bullet at 52 req/s, seed 100: its two phases window by window and its prefill batches' line per SM count
+bullet-trt bench timeline $R/moe-bullet-2048-overlap_steps-true-bullet__sharegpt-tpot50/iterations_bullet_1795867073_call1_gpu1.jsonl.gz \
+  >$R/moe-one-machine/timeline_bullet_52_seed100.md

@@ -1,0 +1,123 @@
+"""`bullet-trt bench timeline`: a bullet run's two phases over time, and what its prefill batches
+cost beside decode, read from an iteration log (serve.iteration_log).
+
+    bullet-trt bench timeline iterations.jsonl[.gz|.xz] [--window 10] [--min-batches 10] [--json]
+
+Where a run fails, the question is which phase ran out first. Per window of `--window` seconds
+from the log's first step: the prefill worker's batches (their prompts, tokens, time, its SMs, and
+its busy share: the batches' measured time over the window's) and the decode worker's steps
+(rows, time, SMs) and the most prompts waiting. A worker busy near 100% at its SMs is at
+capacity there.
+
+Then, per prefill SM count, a straight line through the batches that ran beside decode: measured
+ms against tokens. Its slope is what a token costs there, its intercept what a batch costs
+whatever its size (on an MoE model, about the time to stream every expert beside decode's own
+stream); the measured time over the performance model's prediction says how well the split was
+planned. Only the log is read: a GPU's stamps are not needed.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+
+from bullet_trt.tools.bench.iteration_records import load, log_reader_parser, print_report
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def windows_report(records: list[dict], window_s: float) -> list[dict]:
+    """One row per window that holds a step: each phase's medians and the prefill's busy share."""
+    if window_s <= 0:
+        raise ValueError(f"--window must be > 0 seconds, got {window_s}")
+    t0 = min(r["t"] for r in records)
+    by_window: dict[int, list[dict]] = {}
+    for r in records:
+        by_window.setdefault(int((r["t"] - t0) // window_s), []).append(r)
+    rows = []
+    for k in sorted(by_window):
+        prefills = [r for r in by_window[k] if r["phase"] == "prefill"]
+        decodes = [r for r in by_window[k] if r["phase"] == "decode"]
+        rows.append({
+            "start_s": round(k * window_s, 3),
+            "prefill_batches": len(prefills),
+            "prompts_p50": _median([r["batch"] for r in prefills]),
+            "tokens_p50": _median([r["tokens"] for r in prefills]),
+            "prefill_ms_p50": _median([r["measured_ms"] for r in prefills]),
+            "prefill_sms_p50": _median([r["prefill_sms"] for r in prefills]),
+            "prefill_busy": round(sum(r["measured_ms"] for r in prefills) / (window_s * 1e3), 3),
+            "decode_steps": len(decodes),
+            "rows_p50": _median([r["batch"] for r in decodes]),
+            "decode_ms_p50": _median([r["measured_ms"] for r in decodes]),
+            "decode_sms_p50": _median([r["decode_sms"] for r in decodes]),
+            "waiting_max": max((r.get("waiting", 0) for r in by_window[k]), default=0),
+        })
+    return rows
+
+
+def prefill_fits(records: list[dict], min_batches: int) -> list[dict]:
+    """Per prefill SM count, the line ms = fixed + per_1000 x tokens / 1000 through the batches
+    that ran beside decode (least squares), where at least `min_batches` of them ran and their
+    sizes differ."""
+    groups: dict[int, list[dict]] = {}
+    for r in records:
+        if r["phase"] == "prefill" and r.get("decode_sms", 0) > 0:
+            groups.setdefault(r["prefill_sms"], []).append(r)
+    fits = []
+    for sms in sorted(groups):
+        batches = groups[sms]
+        tokens = [r["tokens"] / 1000 for r in batches]
+        if len(batches) < min_batches or len(set(tokens)) < 2:
+            continue
+        per_1000, fixed = statistics.linear_regression(tokens, [r["measured_ms"] for r in batches])
+        ratios = [r["measured_ms"] / r["predicted_ms"] for r in batches if r.get("predicted_ms")]
+        fits.append({"prefill_sms": sms, "batches": len(batches), "tokens_p50": _median([r["tokens"] for r in batches]),
+                     "ms_per_1000_tokens": round(per_1000, 2), "ms_per_batch": round(fixed, 2),
+                     "measured_over_predicted_p50": _median(ratios)})
+    return fits
+
+
+def timeline_report(records: list[dict], window_s: float = 10.0, min_batches: int = 10) -> dict:
+    if not records:
+        raise ValueError("the log holds no steps")
+    return {"window_s": window_s, "windows": windows_report(records, window_s),
+            "prefill_fits": prefill_fits(records, min_batches)}
+
+
+def _cell(value) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def markdown(report: dict) -> str:
+    lines = [f"Per {report['window_s']:g} s from the first step (medians of the window's steps):", "",
+             "| from s | prefill batches | prompts | tokens | ms | prefill SMs | prefill busy | decode steps | rows "
+             "| ms | decode SMs | most waiting |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for w in report["windows"]:
+        lines.append(f"| {w['start_s']:g} | {w['prefill_batches']} | {_cell(w['prompts_p50'])} | {_cell(w['tokens_p50'])} "
+                     f"| {_cell(w['prefill_ms_p50'])} | {_cell(w['prefill_sms_p50'])} | {w['prefill_busy']:.0%} "
+                     f"| {w['decode_steps']} | {_cell(w['rows_p50'])} | {_cell(w['decode_ms_p50'])} "
+                     f"| {_cell(w['decode_sms_p50'])} | {w['waiting_max']} |")
+    lines += ["", "Prefill batches beside decode, per prefill SM count (least squares):", "",
+              "| prefill SMs | batches | tokens p50 | ms per 1000 tokens | ms per batch | measured / predicted p50 |",
+              "|---|---|---|---|---|---|"]
+    for f in report["prefill_fits"]:
+        lines.append(f"| {f['prefill_sms']} | {f['batches']} | {_cell(f['tokens_p50'])} | {f['ms_per_1000_tokens']} "
+                     f"| {f['ms_per_batch']} | {_cell(f['measured_over_predicted_p50'])} |")
+    if not report["prefill_fits"]:
+        lines.append("| no SM count with enough batches of differing sizes beside decode | | | | | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = log_reader_parser("bullet-trt bench timeline", __doc__.split("\n\n")[0])
+    ap.add_argument("--window", type=float, default=10.0, help="seconds a row of the timeline spans (default 10)")
+    ap.add_argument("--min-batches", type=int, default=10,
+                    help="prefill batches an SM count needs for its line (default 10)")
+    args = ap.parse_args(argv)
+    return print_report("bench timeline", lambda: timeline_report(load(args.log), args.window, args.min_batches),
+                        markdown, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""`bench timeline`: a bullet run's phases window by window and its prefill batches' cost beside
+decode, read from an iteration log."""
+import gzip
+import json
+
+import pytest
+
+from bullet_trt.tools.bench.timeline import main, timeline_report
+
+
+def prefill(t: float, prompts: int, tokens: int, ms: float, sms: int, decode_sms: int, predicted: float) -> dict:
+    return {"t": t, "phase": "prefill", "batch": prompts, "tokens": tokens, "measured_ms": ms,
+            "predicted_ms": predicted, "prefill_sms": sms, "decode_sms": decode_sms, "waiting": 0}
+
+
+def decode(t: float, rows: int, ms: float, sms: int, waiting: int = 0) -> dict:
+    return {"t": t, "phase": "decode", "batch": rows, "tokens": rows, "measured_ms": ms, "prefill_sms": 0,
+            "decode_sms": sms, "waiting": waiting}
+
+
+def run_log() -> list[dict]:
+    """Ten seconds with prefill on 40 SMs, 10% busy; ten with it on 24 SMs beside decode on 108,
+    its batches costing 60 ms plus 70 ms per 1000 tokens, back to back (busy 100%); a burst of
+    prompts waiting in the second."""
+    log = [prefill(0.5 + i, 4, 500, 100.0, 40, 92, 100.0) for i in range(10)]
+    log += [decode(0.05 * i, 300, 40.0, 92) for i in range(100)]
+    t = 10.0
+    for i in range(60):
+        tokens = 1000 + 100 * (i % 11)
+        ms = 60.0 + 0.07 * tokens
+        log.append(prefill(t, 10, tokens, ms, 24, 108, ms / 1.02))
+        t += ms / 1e3
+    log += [decode(10.0 + 0.045 * i, 800, 45.0, 108, waiting=70 if i == 50 else 5) for i in range(200)]
+    return log
+
+
+def test_the_timeline_shows_each_phase_per_window_and_the_prefills_line():
+    log = run_log()
+    report = timeline_report(log, window_s=10.0, min_batches=10)
+    first, second = report["windows"][:2]
+    assert (first["prefill_batches"], first["prompts_p50"], first["prefill_sms_p50"]) == (10, 4, 40)
+    assert first["prefill_busy"] == pytest.approx(0.1)
+    assert (first["decode_steps"], first["rows_p50"], first["decode_sms_p50"]) == (100, 300, 92)
+    assert second["prefill_sms_p50"] == 24 and second["decode_sms_p50"] == 108
+    assert second["prefill_busy"] > 0.9 and second["waiting_max"] == 70
+    fits = {f["prefill_sms"]: f for f in report["prefill_fits"]}
+    assert fits[24]["ms_per_1000_tokens"] == pytest.approx(70.0) and fits[24]["ms_per_batch"] == pytest.approx(60.0)
+    assert fits[24]["measured_over_predicted_p50"] == pytest.approx(1.02)
+    assert 40 not in fits  # its batches are all of one size: no line through them
+
+
+def test_the_command_reads_a_compressed_log_and_prints_both_tables(tmp_path, capsys):
+    path = tmp_path / "iterations.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in run_log())
+    assert main([str(path), "--window", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "| 10 | " in out and "| 24 | 60 |" in out
+    assert main([str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["prefill_fits"][0]["prefill_sms"] == 24
+
+
+def test_an_empty_log_or_window_is_a_clear_error(tmp_path, capsys):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    assert main([str(path)]) == 2
+    assert "no steps" in capsys.readouterr().err
+    path.write_text(json.dumps(decode(0.0, 1, 5.0, 132)) + "\n")
+    assert main([str(path), "--window", "0"]) == 2
+    assert "--window must be > 0" in capsys.readouterr().err
