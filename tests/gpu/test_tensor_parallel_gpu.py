@@ -64,13 +64,16 @@ def test_two_gpus_give_the_tokens_of_one(engines, variant):
     assert stats.kv_blocks_free_by_rank == (512, 512)
 
 
+@pytest.mark.parametrize("decode_graphs", [False, True], ids=["eager", "decode_graphs"])
 @pytest.mark.parametrize("variant", ["llama", "qwen3_moe"])
-def test_bullet_on_two_gpus_gives_the_tokens_of_one(mps_daemon, engines, variant):
+def test_bullet_on_two_gpus_gives_the_tokens_of_one(mps_daemon, engines, variant, decode_graphs):
     """Each GPU's prefill and decode workers (MPS clients on its green partitions) run what
-    rank 0's take, on the same split."""
+    rank 0's take, on the same split; with `parallel.decode_graphs` each decode worker
+    captures a graph per partition and bucket, the collectives inside."""
     prompts, params = workload(12, VOCAB_SIZE, (9, 120))
     want, _ = tokens(engines(variant), prompts, params, **{"serve.mode": "chunked", "kv.num_blocks": 512})
-    got, stats = tokens(engines(variant), prompts, params, **TP2, **{
+    graphs = {"parallel.decode_graphs": decode_graphs}
+    got, stats = tokens(engines(variant), prompts, params, **TP2, **graphs, **{
         "serve.mode": "bullet", "serve.partitioner": "green", "kv.num_blocks": 512})
     assert got == want
     assert stats.kv_blocks_free_by_rank == (512, 512)
@@ -89,9 +92,6 @@ def test_llama_8b_shape_on_two_gpus_gives_the_tokens_of_one(tmp_path):
     assert stats.kv_blocks_free_by_rank == (512, 512)
 
 
-DECODE_GRAPHS = {**TP2, "parallel.decode_graphs": True}
-
-
 @pytest.mark.parametrize("variant", ["llama", "qwen3_moe"])
 def test_decode_graphs_with_the_collectives_inside_give_the_tokens_of_one(engines, variant):
     """Every rank captures each decode bucket's graph, its all-reduces and the vocabulary's
@@ -99,21 +99,10 @@ def test_decode_graphs_with_the_collectives_inside_give_the_tokens_of_one(engine
     prompts, params = workload(12, VOCAB_SIZE, (9, 120))
     common = {"serve.mode": "chunked", "kv.num_blocks": 512}
     want, _ = tokens(engines(variant), prompts, params, **common)
-    with LLM(str(engines(variant)), **common, **DECODE_GRAPHS) as llm:
+    with LLM(str(engines(variant)), **common, **TP2, **{"parallel.decode_graphs": True}) as llm:
         graphs = llm.engine.session.session.graphs  # rank 0's, under its LeaderSession
         assert graphs is not None and len(graphs.graphs) == len(graphs.batch_sizes)
         got = [c.token_ids for c in llm.generate_token_ids(prompts, params)]
         stats = llm.engine.stats()
-    assert got == want
-    assert stats.kv_blocks_free_by_rank == (512, 512)
-
-
-@pytest.mark.parametrize("variant", ["llama", "qwen3_moe"])
-def test_bullet_decode_graphs_with_the_collectives_inside_give_the_tokens_of_one(mps_daemon, engines, variant):
-    """The same in each GPU's decode worker, one graph per partition and bucket."""
-    prompts, params = workload(12, VOCAB_SIZE, (9, 120))
-    want, _ = tokens(engines(variant), prompts, params, **{"serve.mode": "chunked", "kv.num_blocks": 512})
-    got, stats = tokens(engines(variant), prompts, params, **DECODE_GRAPHS, **{
-        "serve.mode": "bullet", "serve.partitioner": "green", "kv.num_blocks": 512})
     assert got == want
     assert stats.kv_blocks_free_by_rank == (512, 512)
