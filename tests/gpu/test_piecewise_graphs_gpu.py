@@ -77,7 +77,8 @@ def test_graphed_hidden_states_match_the_eager_forward_in_bfloat16(tmp_path):
 
 def test_the_mixed_step_bench_times_the_hosts_launch_apart(tmp_path):
     """`bench mixed-step` on a small engine: each step's eager and graphed times, and the host's
-    time to queue the graphed step without waiting for it, in the result and its table."""
+    time to queue the graphed step without waiting for it and the step's time on the device
+    alone, in the result and its table."""
     from bullet_trt.tools.bench.mixed_step import markdown, measure
 
     e = engine(tmp_path, "llama", "bfloat16")
@@ -85,10 +86,11 @@ def test_the_mixed_step_bench_times_the_hosts_launch_apart(tmp_path):
     assert [(r["chunk"], r["decode_rows"]) for r in result["steps"]] == [(32, 0), (32, 8)]
     for row in result["steps"]:
         assert 0 < row["graphed_launch_ms"] and 0 < row["graphed_ms"] and 0 < row["eager_ms"]
+        assert 0 < row["graphed_device_ms"]
         host = row["host_profile"]
         names = [ev["name"] for ev in host["events"]]
         assert any(n.startswith(("cuda", "cu")) for n in names), names  # the launches' runtime calls
         assert all(ev["calls"] > 0 and ev["self_ms"] > 0 for ev in host["events"])
         assert 0 < host["events_ms"] and 0 < host["profiled_ms"] and 0 < host["outside_events_ms"]
     table = markdown(result)
-    assert "graphed launch ms (host)" in table and "| host event | calls | own ms |" in table
+    assert "graphed ms on the device alone" in table and "graphed launch ms (host)" in table and "| host event | calls | own ms |" in table

@@ -26,7 +26,10 @@ the median time to queue the graphed step on an idle device, without waiting for
 serving engine launches steps one ahead): near graphed_ms, the host sets the step's pace, and a
 serving loop launching ahead cannot hide it. (In serving, chunked's mixed steps of 256-511 rows
 logged a 24.4 ms launch against 29.7 ms on an H200 at 40 req/s, seventeenth round: this tells
-how much of that is the host's own work.) --host-profile says where that launch time goes:
+how much of that is the host's own work.) graphed_device_ms is the graphed step with the host
+out of it: the device first spins for longer than the host takes to queue the step, so its
+pieces and attention calls are all queued before the first runs, and events around them time
+the GPU's own work. --host-profile says where that launch time goes:
 each step's graphed launch once more under the profiler, its host-side events (CUDA runtime
 and driver calls, torch ops) by their own time, so a launch that waits for the device (an
 allocation, a synchronizing copy) stands apart from many short kernel launches.
@@ -149,6 +152,26 @@ def host_launch_ms(launch, stream, repeats: int = 10) -> float:
     return statistics.median(times[1:])
 
 
+def device_ms(launch, stream, host_ms: float, repeats: int = 5) -> float:
+    """Median GPU milliseconds of the step `launch()` queues, without the host's pace: a spin
+    kernel holds the stream for several times the host's launch time (`host_ms`) while the
+    host queues the step behind it, so no piece waits for its launch. The spin counts clock
+    cycles; at a clock below 2 GHz it lasts longer, which only widens the margin."""
+    spin_cycles = int((3 * host_ms + 20) * 2e6)
+    times = []
+    with torch.cuda.stream(stream):
+        for _ in range(repeats + 1):  # the first warms
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(spin_cycles)
+            start.record(stream)
+            flight = launch()
+            end.record(stream)
+            flight.results()
+            times.append(start.elapsed_time(end))
+    return statistics.median(times[1:])
+
+
 def step_flops(cost: ModelCost, chunk: int, decode_rows: int, ctx: int) -> float:
     """Dense FLOPs of the step's tokens and their attention (the chunk's causal half)."""
     pairs = chunk * (chunk + 1) / 2 + decode_rows * (ctx + 1)
@@ -197,9 +220,10 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
         tflops = step_flops(cost, chunk, decode, ctx) / graphed / 1e9
         session.piecewise = graphs  # the profile above ran eager
         launch = host_launch_ms(lambda: session.launch(items), stream)
+        on_device = device_ms(lambda: session.launch(items), stream, launch)
         row = {"chunk": chunk, "decode_rows": decode, "eager_ms": round(eager, 3),
                "graphed_ms": round(graphed, 3), "eager_over_graphed": round(eager / graphed, 3),
-               "graphed_launch_ms": round(launch, 3),
+               "graphed_launch_ms": round(launch, 3), "graphed_device_ms": round(on_device, 3),
                "graphed_TFLOPs": round(tflops, 1), "of_gemm_rate": round(tflops / rate, 3)}
         if profile_host:
             row["host_profile"] = host_profile(lambda: session.launch(items), stream)
@@ -218,12 +242,12 @@ def markdown(result: dict) -> str:
     lines = [f"{result['gpu']}: chunked's mixed step, decode rows at {result['ctx']} cached tokens; "
              f"bf16 GEMM rate {result['gemm_TFLOPs']} TFLOP/s in the same run",
              "", "| chunk | decode rows | eager ms | piecewise graphs ms | eager / graphed | graphed launch ms (host) "
-             "| graphed TFLOP/s | of GEMM rate |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| graphed ms on the device alone | graphed TFLOP/s | of GEMM rate |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in result["steps"]:
         lines.append(f"| {r['chunk']} | {r['decode_rows']} | {r['eager_ms']} | {r['graphed_ms']} | "
-                     f"{r['eager_over_graphed']:.2f}x | {r.get('graphed_launch_ms', '-')} | {r['graphed_TFLOPs']} | "
-                     f"{r['of_gemm_rate']:.0%} |")
+                     f"{r['eager_over_graphed']:.2f}x | {r.get('graphed_launch_ms', '-')} | "
+                     f"{r.get('graphed_device_ms', '-')} | {r['graphed_TFLOPs']} | {r['of_gemm_rate']:.0%} |")
     if any("eager_repeated_ms" in r for r in result["steps"]):
         lines += ["", "one token id repeated (the steps earlier calibrations timed):", "",
                   "| chunk | decode rows | eager ms | piecewise graphs ms |", "|---|---|---|---|"]
