@@ -59,6 +59,11 @@ class KVCacheConfig:
     num_blocks: int = 0
     gpu_memory_fraction: float = 0.85
     cpu_pool_mib: int = 256
+    # Keep the full KV blocks of computed prompts after their request ends, and give them to a
+    # later prompt that starts with the same tokens (a shared system prompt, a conversation's
+    # earlier turns) instead of computing them again (engine/prefix_cache.py). Off until
+    # measured on a GPU; not yet under tensor parallelism.
+    prefix_caching: bool = False
 
 
 @dataclass
@@ -281,6 +286,10 @@ class EngineConfig:
             raise ConfigError(f"serve.max_queue must be >= 1, got {s.max_queue}")
         if s.max_queue_tokens < 0:
             raise ConfigError(f"serve.max_queue_tokens must be >= 0 (0: no bound), got {s.max_queue_tokens}")
+        if self.kv.prefix_caching and self.parallel.tensor_parallel_size > 1:
+            raise ConfigError("kv.prefix_caching is not yet built for tensor parallelism "
+                              f"(parallel.tensor_parallel_size={self.parallel.tensor_parallel_size}): "
+                              "the other ranks count their free blocks without the cache")
         if self.parallel.tensor_parallel_size < 1:
             raise ConfigError("parallel.tensor_parallel_size must be >= 1, got "
                               f"{self.parallel.tensor_parallel_size}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bullet_trt.engine.block_allocator import BlockAllocator
+from bullet_trt.engine.prefix_cache import take_cached_prefix
 from bullet_trt.engine.sequence import Sequence, SeqStatus
 
 
@@ -52,6 +53,7 @@ class BatchScheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
+        take_cached_prefix(self.allocator, seq, self.block_size)
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
@@ -75,6 +77,7 @@ class BatchScheduler:
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         self.release(seq)
+        take_cached_prefix(self.allocator, seq, self.block_size)
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         plan.preempted.append(seq)

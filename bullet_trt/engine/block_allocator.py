@@ -45,6 +45,19 @@ class BlockAllocator:
         self.free(table)
         table.clear()
 
+    # A pool without a prefix cache (engine/prefix_cache.py has the one with)
+    num_cached = hit_tokens = prompt_tokens = 0
+
+    def match_prefix(self, prompt: list[int]) -> list[int]:
+        return []
+
+    def returned_by(self, tables) -> int:
+        """Blocks that releasing every one of `tables` would make free."""
+        return sum(len(t) for t in tables)
+
+    def register_prefix(self, prompt: list[int], table: list[int], computed: int) -> None:
+        pass
+
     def free(self, blocks: list[int]) -> None:
         for b in blocks:
             if b not in self._used:

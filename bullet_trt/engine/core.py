@@ -23,6 +23,7 @@ from bullet_trt.engine.batch_scheduler import BatchScheduler, ScheduledChunk
 from bullet_trt.engine.block_allocator import BlockAllocator
 from bullet_trt.engine.block_journal import JournaledAllocator
 from bullet_trt.engine.lifecycle import RequestLifecycle
+from bullet_trt.engine.prefix_cache import prefix_stats, with_prefix_cache
 from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput
 from bullet_trt.engine.sequence import SeqStatus
 from bullet_trt.engine.session import TorchSession
@@ -56,7 +57,8 @@ class EngineCore:
     def _build(self, cfg: EngineConfig, token_budget: int | None) -> None:
         ranks = self.ranks
         self.state, model = build_shared_state(cfg, share=False, tp=ranks.group if ranks else None)
-        self.allocator = (JournaledAllocator if ranks else BlockAllocator)(self.state.num_blocks)
+        pool = (JournaledAllocator if ranks else BlockAllocator)(self.state.num_blocks)
+        self.allocator = with_prefix_cache(pool, self.state.block_size, cfg.kv.prefix_caching)
         max_seqs = cfg.decode.max_num_seqs
         self.scheduler = BatchScheduler(self.allocator, self.state.block_size, max_seqs,
                                         token_budget or cfg.serve.chunk_size)
@@ -94,7 +96,8 @@ class EngineCore:
             num_running=len(self.scheduler.running),
             kv_blocks_total=self.allocator.num_blocks, kv_blocks_free=min(free),
             kv_blocks_free_by_rank=free,
-            tokens_generated=self.requests.tokens_generated, num_preemptions=self.scheduler.num_preemptions)
+            tokens_generated=self.requests.tokens_generated, num_preemptions=self.scheduler.num_preemptions,
+            **prefix_stats(self.allocator))
 
     def step(self) -> list[RequestOutput]:
         outputs = self._step()
@@ -127,9 +130,11 @@ class EngineCore:
         self.step_failures.succeeded()
         self.log.record(logged, len(plan.decodes), len(plan.prefills), sum(c.num_new_tokens for c in chunks),
                         len(self.scheduler.waiting), ahead=False)
-        for chunk, res in zip(chunks, results):
+        for i, (chunk, res) in enumerate(zip(chunks, results)):
             seq = chunk.seq
             seq.num_cached_tokens += chunk.num_new_tokens
+            if i >= len(plan.decodes):
+                self.allocator.register_prefix(seq.prompt_token_ids, seq.block_table, seq.num_cached_tokens)
             if res is not None:
                 reqs.accept(seq, res)
             if res is not None or seq.status is SeqStatus.FINISHED:
@@ -167,6 +172,8 @@ class EngineCore:
         self.step_failures.succeeded()
         self.log.record(step.logged, step.num_decodes, len(step.chunks) - step.num_decodes,
                         sum(c.num_new_tokens for c in step.chunks), len(self.scheduler.waiting), ahead=True)
+        for seq, computed in step.prompt_chunks():
+            self.allocator.register_prefix(seq.prompt_token_ids, seq.block_table, computed)
         outputs = []
         for chunk, res in kept:
             seq = chunk.seq

@@ -52,6 +52,11 @@ class EngineStats:
     kv_blocks_free_by_rank: tuple[int, ...] = ()  # each rank's, rank 0 first (one entry without tensor parallelism)
     tokens_generated: int = 0  # since start
     num_preemptions: int = 0
+    # kv.prefix_caching: blocks kept for later prompts (counted in kv_blocks_free too: any
+    # allocation may take them back), and the prompt tokens found cached / looked up since start
+    kv_blocks_cached: int = 0
+    prefix_cache_hit_tokens: int = 0
+    prefix_cache_prompt_tokens: int = 0
     prefill_sms: int = 0  # SMs of the last prefill / decode iteration (spatial modes)
     decode_sms: int = 0
     # bullet: decode's step beside a prefill is planned for this fraction of the TPOT SLO

@@ -31,6 +31,14 @@ class StepAhead:
     flight: StepInFlight
     num_decodes: int  # the first chunks, one token each
     logged: LoggedStep | None
+    computed: list[int]  # each chunk's sequence's tokens in the pool once the step has run
+
+    def prompt_chunks(self):
+        """(sequence, tokens computed) of the step's prompt chunks whose sequences it still
+        runs: what kv.prefix_caching may keep once the step has succeeded."""
+        for chunk, lineage, computed in list(zip(self.chunks, self.lineages, self.computed))[self.num_decodes:]:
+            if chunk.seq.lineage == lineage:
+                yield chunk.seq, computed
 
     def token_index(self) -> dict[str, int]:
         """Request id -> index of the token its chunk sampled in `flight.tokens`."""
@@ -58,7 +66,8 @@ class StepsAhead:
             if item.sample:
                 seq.num_pending += 1
         previous = self.pending
-        self.pending = StepAhead(chunks, [c.seq.lineage for c in chunks], flight, num_decodes, logged)
+        self.pending = StepAhead(chunks, [c.seq.lineage for c in chunks], flight, num_decodes, logged,
+                                 [c.seq.num_cached_tokens for c in chunks])
         return previous
 
     def take_pending(self) -> StepAhead | None:

@@ -30,6 +30,7 @@ import torch.multiprocessing as mp
 
 from bullet_trt.config import ConfigError, EngineConfig
 from bullet_trt.engine.block_allocator import BlockAllocator
+from bullet_trt.engine.prefix_cache import prefix_stats, take_cached_prefix, with_prefix_cache
 from bullet_trt.engine.block_journal import JournaledAllocator
 from bullet_trt.engine.kv_pool import blocks_for_tokens
 from bullet_trt.engine.lifecycle import RequestLifecycle
@@ -90,7 +91,8 @@ class SpatialEngine:
         self.state, model = build_shared_state(cfg, share=True, tp=ranks.group if ranks else None)
         del model  # the workers attach the shared weights
         device = self.state.kv_pool.device
-        self.allocator = (JournaledAllocator if ranks else BlockAllocator)(self.state.num_blocks)
+        pool = (JournaledAllocator if ranks else BlockAllocator)(self.state.num_blocks)
+        self.allocator = with_prefix_cache(pool, self.state.block_size, cfg.kv.prefix_caching)
         self.queues = SpatialQueues(self.allocator, self.state.block_size)
         self.requests = RequestLifecycle(request_limits(cfg, self.state), self.state.arch.eos_token_ids,
                                          release=self._release)
@@ -205,6 +207,7 @@ class SpatialEngine:
                            kv_blocks_total=self.allocator.num_blocks, kv_blocks_free=min(free),
                            kv_blocks_free_by_rank=free,
                            tokens_generated=self.requests.tokens_generated, num_preemptions=q.num_preemptions,
+                           **prefix_stats(self.allocator),
                            prefill_sms=self.last_sms[0], decode_sms=self.last_sms[1],
                            tpot_plan=self.slo.tpot_plan if self.cfg.serve.mode == "bullet" else 0.0)
 
@@ -301,7 +304,8 @@ class SpatialEngine:
             return True
         if q.reserve(seq, seq.num_tokens):
             return True
-        while self.allocator.num_free + self.rows.pending_blocks - self._promised(seq) < self._short_of(seq):
+        while (self.allocator.num_free + self.allocator.returned_by(self.rows.unacked.values()) - self._promised(seq)
+               < self._short_of(seq)):
             victim = next(s for s in reversed(q.decoding) if s.status is SeqStatus.RUNNING)
             self._preempt(victim)
             if victim is seq:
@@ -332,6 +336,7 @@ class SpatialEngine:
     def _preempt(self, seq: Sequence) -> None:
         q = self.queues
         self._release(seq)
+        take_cached_prefix(self.allocator, seq, q.block_size)
         seq.status = SeqStatus.WAITING
         q.waiting.insert(0, seq)
         q.num_preemptions += 1
@@ -464,6 +469,7 @@ class SpatialEngine:
             if seq.status is not SeqStatus.RUNNING:
                 continue
             seq.num_cached_tokens += n
+            self.allocator.register_prefix(seq.prompt_token_ids, seq.block_table, seq.num_cached_tokens)
             q.prefilling.remove(seq)
             q.decoding.append(seq)
             if seq.request_id in reqs.aborted:

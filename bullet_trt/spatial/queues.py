@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bullet_trt.engine.block_allocator import BlockAllocator
+from bullet_trt.engine.prefix_cache import take_cached_prefix
 from bullet_trt.engine.sequence import Sequence
 
 
@@ -24,6 +25,7 @@ class SpatialQueues:
         return self.prefilling + self.decoding
 
     def add(self, seq: Sequence) -> None:
+        take_cached_prefix(self.allocator, seq, self.block_size)
         self.waiting.append(seq)
 
     def release(self, seq: Sequence) -> None:

@@ -13,6 +13,9 @@
     bullet_engine_ready                    gauge      1 while the engine process serves, 0 after it died
     bullet_prefill_sms / _decode_sms       gauge      SMs of the last prefill / decode iteration (spatial modes)
     bullet_tpot_plan_fraction              gauge      bullet: decode's step beside a prefill, planned as this share of the TPOT SLO
+    bullet_kv_blocks_cached                gauge      kv.prefix_caching: blocks kept for later prompts (free blocks too)
+    bullet_prefix_cache_hit_tokens_total   counter    kv.prefix_caching: prompt tokens found cached
+    bullet_prefix_cache_prompt_tokens_total counter   kv.prefix_caching: prompt tokens looked up
 
 Every series carries the labels model and version. Without Triton (unit tests, the offline
 API) `Metrics(None)` accepts the same calls and records nothing but its own counters.
@@ -46,6 +49,7 @@ NAMES = (
     "bullet_kv_blocks_free", "bullet_generation_tokens_total", "bullet_preemptions_total",
     "bullet_requests_finished_total", "bullet_engine_ready", "bullet_prefill_sms", "bullet_decode_sms",
     "bullet_requests_refused_total", "bullet_kv_blocks_free_by_rank", "bullet_tpot_plan_fraction",
+    "bullet_kv_blocks_cached", "bullet_prefix_cache_hit_tokens_total", "bullet_prefix_cache_prompt_tokens_total",
 )
 
 
@@ -68,8 +72,7 @@ class Metrics:
         self._families = []
         self._metrics = []
         self._last: dict[str, float] = {}
-        self._tokens = 0
-        self._preemptions = 0
+        self._counted = {"tokens": 0, "preemptions": 0, "hits": 0, "looked_up": 0}  # the engine's totals so far
         self.finished = {r: 0 for r in FINISH_REASONS}
         self.refused = 0
         labels = dict(labels or {})
@@ -108,6 +111,10 @@ class Metrics:
                                   "queue held serve.max_queue requests or serve.max_queue_tokens prompt tokens", C)
         self.tpot_plan = make(NAMES[14], "bullet: decode's step beside a prefill is planned for this fraction of "
                               "the TPOT SLO (serve.tpot_plan_fraction, moved by serve.tpot_plan_auto); 0 in other modes", G)
+        self.kv_cached = make(NAMES[15], "KV-cache blocks kept for later prompts that start the same way "
+                              "(kv.prefix_caching; counted as free: any allocation may take them back)", G)
+        self.prefix_hits = make(NAMES[16], "Prompt tokens whose KV blocks were found cached (kv.prefix_caching)", C)
+        self.prefix_looked_up = make(NAMES[17], "Prompt tokens looked up in the prefix cache (kv.prefix_caching)", C)
         # one per rank, made when the first stats say how many ranks there are
         self._rank_free = lambda rank: make(NAMES[13], "KV-cache blocks free in this tensor-parallel rank's pool",
                                             G, {"rank": str(rank)})
@@ -153,12 +160,17 @@ class Metrics:
             self._set("prefill_sms", self.prefill_sms, getattr(s, "prefill_sms", 0))
             self._set("decode_sms", self.decode_sms, getattr(s, "decode_sms", 0))
             self._set("tpot_plan", self.tpot_plan, getattr(s, "tpot_plan", 0.0))
-            if s.tokens_generated > self._tokens:
-                self._call(self.tokens, "increment", s.tokens_generated - self._tokens)
-                self._tokens = s.tokens_generated
-            if s.num_preemptions > self._preemptions:
-                self._call(self.preemptions, "increment", s.num_preemptions - self._preemptions)
-                self._preemptions = s.num_preemptions
+            self._count("tokens", self.tokens, s.tokens_generated)
+            self._count("preemptions", self.preemptions, s.num_preemptions)
+            self._set("kv_cached", self.kv_cached, s.kv_blocks_cached)
+            self._count("hits", self.prefix_hits, s.prefix_cache_hit_tokens)
+            self._count("looked_up", self.prefix_looked_up, s.prefix_cache_prompt_tokens)
+
+    def _count(self, key: str, metric, total: int) -> None:
+        """A counter brought up to the engine's running total."""
+        if total > self._counted[key]:
+            self._call(metric, "increment", total - self._counted[key])
+            self._counted[key] = total
 
     def set_ready(self, ready: bool) -> None:
         with self._lock:
