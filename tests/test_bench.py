@@ -102,6 +102,26 @@ def test_prompts_without_a_tokenizer_approximate_with_words():
     assert len(text.split()) == 40 and measured is None and ids is None
 
 
+def test_prompts_open_with_the_shared_prefix_and_keep_their_lengths(tokenizer):
+    """--shared-prefix-tokens: the same tokens open every prompt (all but the last token of a
+    shorter one), and each prompt still has its wanted length."""
+    w = ds.build_workload("sharegpt", 5.0, 40, seed=3, tokenizer=tokenizer, max_model_len=1024,
+                          shared_prefix_tokens=64)
+    special = len(tokenizer.encode("", add_special_tokens=True))
+    longest = max(w.requests, key=lambda r: r.input_tokens)
+    assert longest.input_tokens > special + 64
+    prefix = longest.prompt_ids[:special + 64]
+    for r in w.requests:
+        assert r.prompt_tokens == r.input_tokens and r.prompt_ids == tokenizer.encode(r.prompt)
+        shared = special + min(64, r.input_tokens - special - 1)
+        assert r.prompt_ids[:shared] == prefix[:shared]
+    assert len({tuple(r.prompt_ids[special + 64:special + 70]) for r in w.requests if r.input_tokens > 140}) > 1
+    assert "the same 64 tokens" in w.source
+    words = ds.PromptBuilder(None, seed=0, shared_prefix_tokens=10)
+    a, b = words.build(30)[0].split(), words.build(30)[0].split()
+    assert len(a) == len(b) == 30 and a[:10] == b[:10] and a[10:] != b[10:]
+
+
 def test_workload_is_reproducible(tokenizer):
     a = ds.build_workload("azure-code", 3.0, 6, seed=5, tokenizer=tokenizer, max_model_len=1024)
     b = ds.build_workload("azure-code", 3.0, 6, seed=5, tokenizer=tokenizer, max_model_len=1024)

@@ -37,7 +37,9 @@ they are shifted so the first request arrives at 0), non-decreasing.
 Prompts
 -------
 A prompt is a sequence of whole-word vocabulary tokens (`` the`` `` cat`` ...) picked at random,
-so different requests share no prefix. With the engine's tokenizer the text is adjusted until
+so different requests share no prefix; with ``shared_prefix_tokens`` every prompt starts with the
+same words for that many tokens (or all but its last, for a shorter prompt), as prompts that share
+a system prompt do, the rest random as before (what kv.prefix_caching can find). With the engine's tokenizer the text is adjusted until
 it encodes (with the BOS token the server adds) to exactly the wanted number of tokens, which
 ``num_input_tokens`` in the server's response confirms. Without a tokenizer, the prompt is
 ``n`` common English words, which real BPE tokenizers turn into about ``n`` tokens.
@@ -317,9 +319,10 @@ FALLBACK_WORDS = (
 class PromptBuilder:
     """Makes prompts of a given token length, with the engine's tokenizer when there is one."""
 
-    def __init__(self, tokenizer=None, seed: int = 0):
+    def __init__(self, tokenizer=None, seed: int = 0, shared_prefix_tokens: int = 0):
         self.tokenizer = tokenizer
         self.rng = np.random.default_rng([seed, 3])
+        self.shared_prefix_tokens = shared_prefix_tokens
         if tokenizer is not None:
             words: list[int] = []
             for tid in range(tokenizer.vocab_size):
@@ -336,6 +339,17 @@ class PromptBuilder:
         else:
             self.word_ids = None
             self._special = 0
+        # drawn once, from a generator of its own: the same words open every prompt
+        self.shared_words = self._words(np.random.default_rng([seed, 5]), shared_prefix_tokens)
+
+    def _words(self, rng, n: int) -> list:
+        pool = self.word_ids if self.word_ids is not None else np.arange(len(FALLBACK_WORDS))
+        return [int(i) for i in rng.choice(pool, size=max(n, 0))]
+
+    def _text_of(self, words: list) -> str:
+        if self.word_ids is None:
+            return " ".join(FALLBACK_WORDS[i] for i in words)
+        return self.tokenizer.decode(words)
 
     def _random_text(self, n: int) -> str:
         if self.word_ids is None:
@@ -351,18 +365,21 @@ class PromptBuilder:
         With a tokenizer the count is exact (BOS included) whenever the tokenizer can express
         it; otherwise the closest length found is returned, and the measured count says so.
         """
-        if self.tokenizer is None:
-            return self._random_text(n_tokens), None, None
-        tok = self.tokenizer
         want = max(n_tokens, self._special + 1)
-        text = self._random_text(want - self._special)
+        shared = min(self.shared_prefix_tokens, want - self._special - 1)
+        prefix = self._text_of(self.shared_words[:shared]) if shared > 0 else ""
+        if self.tokenizer is None:
+            rest = self._random_text(n_tokens - max(shared, 0))
+            return (f"{prefix} {rest}" if prefix and rest else prefix or rest), None, None
+        tok = self.tokenizer
+        text = prefix + self._random_text(want - self._special - max(shared, 0))
         ids = tok.encode(text)
         for _ in range(32):
             if len(ids) == want:
                 break
-            if len(ids) > want:  # cut whole words off the end, then characters
+            if len(ids) > want:  # cut whole words off the end (not into the shared words), then characters
                 words = text.split(" ")
-                cut = min(len(ids) - want, len(words) - 1)
+                cut = min(len(ids) - want, len(words) - 1 - max(shared, 0))
                 text = " ".join(words[:-cut]) if cut > 0 else text[:-1]
             else:
                 text += self._random_text(want - len(ids))
@@ -414,7 +431,7 @@ def is_trace(dataset: str) -> bool:
 def build_workload(dataset: str, rate: float | None, num_requests: int | None = None,
                    duration_s: float | None = None, seed: int = 0, tokenizer=None,
                    max_model_len: int | None = None, max_output_tokens: int | None = None,
-                   prompts: bool = True) -> Workload:
+                   prompts: bool = True, shared_prefix_tokens: int = 0) -> Workload:
     """The requests of one run.
 
     ``dataset`` is ``sharegpt``, ``azure-conv``, ``azure-code`` or ``trace:<file.csv>``. For a
@@ -450,7 +467,9 @@ def build_workload(dataset: str, rate: float | None, num_requests: int | None = 
         inputs, outputs = sample_lengths(spec, num_requests, seed, max_model_len, max_output_tokens)
         rate_out = rate
         source = spec.source
-    builder = PromptBuilder(tokenizer, seed) if prompts else None
+    builder = PromptBuilder(tokenizer, seed, shared_prefix_tokens) if prompts else None
+    if shared_prefix_tokens:
+        source += f"; every prompt opens with the same {shared_prefix_tokens} tokens"
     requests = []
     for i, (t, n_in, n_out) in enumerate(zip(arrivals, inputs, outputs)):
         req = BenchRequest(i, float(t), int(n_in), int(n_out))

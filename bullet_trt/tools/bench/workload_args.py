@@ -45,6 +45,9 @@ def add_workload_args(ap: argparse.ArgumentParser) -> None:
                    help="runs per rate, with seeds seed, seed+1, ...; the summary averages their SLO "
                         "attainment (default 1)")
     g.add_argument("--max-output-tokens", type=int, default=None, help="cap on each request's output length")
+    g.add_argument("--shared-prefix-tokens", type=int, default=0,
+                   help="every prompt opens with the same words for this many tokens (a shared system prompt; "
+                        "what kv.prefix_caching finds); default 0: prompts share nothing")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="clip input + output to this (default: the engine's, when --engine-dir is given)")
     g.add_argument("--engine-dir", default=None,
@@ -71,6 +74,8 @@ def workloads_from_args(args, tokenizer, max_model_len) -> list[ds.Workload]:
         num = 100
     if num is not None and num <= 0:
         raise SystemExit(f"--num-requests must be > 0, got {num}")
+    if getattr(args, "shared_prefix_tokens", 0) < 0:
+        raise SystemExit(f"--shared-prefix-tokens must be >= 0, got {args.shared_prefix_tokens}")
     repeats = getattr(args, "repeats", 1)
     if repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {repeats}")
@@ -78,7 +83,8 @@ def workloads_from_args(args, tokenizer, max_model_len) -> list[ds.Workload]:
     for rate in rates:
         for seed in range(args.seed, args.seed + repeats):
             out.append(ds.build_workload(args.dataset, rate, num, args.duration, seed, tokenizer,
-                                         max_model_len, args.max_output_tokens))
+                                         max_model_len, args.max_output_tokens,
+                                         shared_prefix_tokens=getattr(args, "shared_prefix_tokens", 0)))
     return out
 
 
