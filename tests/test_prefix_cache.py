@@ -121,9 +121,14 @@ def run(engine, **overrides):
     return out, stats
 
 
-@pytest.mark.parametrize("mode", ["chunked", "bullet"])
-def test_the_engines_give_the_same_tokens_with_cached_prefixes(engine, mode):
-    common = {"serve.mode": mode, "kv.block_size": 8}
+# chunked with its steps launched one ahead keeps a step's prompt blocks when that step reports
+LOOPS = {"chunked": {"serve.mode": "chunked"}, "chunked-ahead": {"serve.mode": "chunked", "decode.overlap_steps": True},
+         "bullet": {"serve.mode": "bullet"}}
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_the_engines_give_the_same_tokens_with_cached_prefixes(engine, loop):
+    common = {**LOOPS[loop], "kv.block_size": 8}
     want, _ = run(engine, **common)
     got, stats = run(engine, **common, **{"kv.prefix_caching": True})
     assert got == want
@@ -131,11 +136,11 @@ def test_the_engines_give_the_same_tokens_with_cached_prefixes(engine, mode):
     assert stats.kv_blocks_cached > 0 and stats.kv_blocks_free == stats.kv_blocks_total
 
 
-@pytest.mark.parametrize("mode", ["chunked", "bullet"])
-def test_preempted_sequences_take_their_prefix_back(engine, mode):
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_preempted_sequences_take_their_prefix_back(engine, loop):
     """A pool too small for every sequence at once: the newest are preempted, and recomputed
     from the blocks they had kept."""
-    common = {"serve.mode": mode, "kv.block_size": 8, "kv.num_blocks": 32}
+    common = {**LOOPS[loop], "kv.block_size": 8, "kv.num_blocks": 32}
     want, _ = run(engine, **common)
     got, stats = run(engine, **common, **{"kv.prefix_caching": True})
     assert stats.num_preemptions > 0 and stats.prefix_cache_hit_tokens > 0
