@@ -5,8 +5,9 @@ import pytest
 
 from bullet_trt.config import ConfigError
 from bullet_trt.engine.block_allocator import BlockAllocator
-from bullet_trt.engine.prefix_cache import PrefixCachingAllocator
+from bullet_trt.engine.prefix_cache import PrefixCachingAllocator, admit
 from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt.engine.sequence import Sequence
 from bullet_trt.serving.llm import LLM
 from tests.test_engine import engine_dir_for, prompts
 
@@ -36,7 +37,22 @@ def test_a_prompt_takes_the_blocks_an_earlier_one_left_and_computes_its_last_tok
     assert alloc.match_prefix(list(range(8))) == table[:1]  # its last token stays to compute
     assert alloc.match_prefix([0, 1, 2, 3, 9, 9, 9, 9, 9]) == table[:1]  # the second block differs
     assert alloc.match_prefix([9] + list(range(1, 10))) == []
-    assert (alloc.hit_tokens, alloc.prompt_tokens) == (16, 47)  # the first lookup found nothing
+
+
+def test_a_sequence_takes_its_prefix_with_the_rest_of_its_blocks_or_not_at_all():
+    alloc = cache(6)
+    head = list(range(12))
+    alloc.release(computed(alloc, head + [1]))  # three kept blocks, three free
+    whole = lambda s: s.num_tokens  # noqa: E731  (its whole prefill, as bullet asks)
+    long = Sequence("long", head + [5] * 20, SamplingParams())  # 8 blocks: 3 cached + 5 more than there are
+    assert not admit(alloc, long, BS, whole)
+    assert (long.block_table, long.num_cached_tokens) == ([], 0)  # waits holding nothing
+    assert alloc.num_cached == 3 and (alloc.hit_tokens, alloc.prompt_tokens) == (0, 0)
+    short = Sequence("short", head + [7] * 4, SamplingParams())
+    assert admit(alloc, short, BS, whole)
+    assert short.num_cached_tokens == 12 and len(short.block_table) == 4 and alloc.num_cached == 0
+    assert (alloc.hit_tokens, alloc.prompt_tokens) == (12, 16)
+    assert not admit(BlockAllocator(2), Sequence("x", [1] * 9, SamplingParams()), BS, whole)  # no cache: the pool alone
 
 
 def test_idle_blocks_go_back_on_demand_oldest_first_with_the_blocks_after_them():

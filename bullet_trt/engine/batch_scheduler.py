@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bullet_trt.engine.block_allocator import BlockAllocator
-from bullet_trt.engine.prefix_cache import take_cached_prefix
+from bullet_trt.engine.prefix_cache import admit
 from bullet_trt.engine.sequence import Sequence, SeqStatus
 
 
@@ -53,7 +53,6 @@ class BatchScheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        take_cached_prefix(self.allocator, seq, self.block_size)
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
@@ -77,7 +76,6 @@ class BatchScheduler:
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         self.release(seq)
-        take_cached_prefix(self.allocator, seq, self.block_size)
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         plan.preempted.append(seq)
@@ -111,9 +109,10 @@ class BatchScheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.num_uncached, budget)
-            if not self._reserve(seq, n):
+            if not admit(self.allocator, seq, self.block_size,
+                         lambda s: s.num_cached_tokens + min(s.num_uncached, budget)):
                 break  # wait for blocks; never preempt running work for a newcomer
+            n = min(seq.num_uncached, budget)
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)

@@ -51,6 +51,9 @@ class BlockAllocator:
     def match_prefix(self, prompt: list[int]) -> list[int]:
         return []
 
+    def count_lookup(self, prompt_tokens: int, hit_tokens: int) -> None:
+        pass
+
     def returned_by(self, tables) -> int:
         """Blocks that releasing every one of `tables` would make free."""
         return sum(len(t) for t in tables)

@@ -106,9 +106,12 @@ class PrefixCachingAllocator:
         for b in blocks:
             self._holders[b] = self._holders.get(b, 0) + 1
             self._idle.pop(b, None)
-        self.prompt_tokens += len(prompt)
-        self.hit_tokens += len(blocks) * bs
         return blocks
+
+    def count_lookup(self, prompt_tokens: int, hit_tokens: int) -> None:
+        """A prompt admitted with `hit_tokens` of its `prompt_tokens` found cached."""
+        self.prompt_tokens += prompt_tokens
+        self.hit_tokens += hit_tokens
 
     def register_prefix(self, prompt: list[int], table: list[int], computed: int) -> None:
         """The sequence's prompt blocks whose tokens are all computed (the first `computed`
@@ -139,13 +142,24 @@ class PrefixCachingAllocator:
         self.pool.free([block])
 
 
-def take_cached_prefix(allocator, seq: Sequence, block_size: int) -> None:
-    """A sequence about to wait for its prefill, holding no blocks, takes the cached blocks its
-    prompt begins with (none from a pool without a prefix cache)."""
-    if seq.block_table or seq.num_cached_tokens:
-        return
-    seq.block_table.extend(allocator.match_prefix(seq.prompt_token_ids))
-    seq.num_cached_tokens = len(seq.block_table) * block_size
+def admit(allocator, seq: Sequence, block_size: int, tokens_after_prefix) -> bool:
+    """Blocks for a sequence leaving the queue for its prefill: the cached blocks its prompt
+    begins with, when it holds none (a new or preempted sequence), then enough for
+    `tokens_after_prefix(seq)` tokens in all, counted once the cached part is known. All or
+    nothing: when the pool cannot give the rest, the cached blocks go back and the sequence
+    waits holding none, so waiting sequences never keep blocks from the running ones."""
+    fresh = not seq.block_table and not seq.num_cached_tokens
+    if fresh:
+        seq.block_table.extend(allocator.match_prefix(seq.prompt_token_ids))
+        seq.num_cached_tokens = len(seq.block_table) * block_size
+    if allocator.grow(seq.block_table, tokens_after_prefix(seq), block_size):
+        if fresh:
+            allocator.count_lookup(seq.num_prompt_tokens, seq.num_cached_tokens)
+        return True
+    if fresh:
+        allocator.release(seq.block_table)
+        seq.num_cached_tokens = 0
+    return False
 
 
 def with_prefix_cache(pool: BlockAllocator, block_size: int, enabled: bool):

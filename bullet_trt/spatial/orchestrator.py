@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 
 from bullet_trt.config import ConfigError, EngineConfig
 from bullet_trt.engine.block_allocator import BlockAllocator
-from bullet_trt.engine.prefix_cache import prefix_stats, take_cached_prefix, with_prefix_cache
+from bullet_trt.engine.prefix_cache import prefix_stats, with_prefix_cache
 from bullet_trt.engine.block_journal import JournaledAllocator
 from bullet_trt.engine.kv_pool import blocks_for_tokens
 from bullet_trt.engine.lifecycle import RequestLifecycle
@@ -336,7 +336,6 @@ class SpatialEngine:
     def _preempt(self, seq: Sequence) -> None:
         q = self.queues
         self._release(seq)
-        take_cached_prefix(self.allocator, seq, q.block_size)
         seq.status = SeqStatus.WAITING
         q.waiting.insert(0, seq)
         q.num_preemptions += 1
@@ -416,7 +415,7 @@ class SpatialEngine:
         batch: list[Sequence] = []
         for i in decision.admit:
             seq = candidates[i]
-            if not q.reserve(seq, seq.num_tokens):
+            if not q.admit(seq):
                 break  # blocks run out: the rest wait for decodes to finish
             batch.append(seq)
         if not batch:

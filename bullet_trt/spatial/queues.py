@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bullet_trt.engine.block_allocator import BlockAllocator
-from bullet_trt.engine.prefix_cache import take_cached_prefix
+from bullet_trt.engine.prefix_cache import admit
 from bullet_trt.engine.sequence import Sequence
 
 
@@ -25,7 +25,6 @@ class SpatialQueues:
         return self.prefilling + self.decoding
 
     def add(self, seq: Sequence) -> None:
-        take_cached_prefix(self.allocator, seq, self.block_size)
         self.waiting.append(seq)
 
     def release(self, seq: Sequence) -> None:
@@ -37,3 +36,8 @@ class SpatialQueues:
 
     def reserve(self, seq: Sequence, total_tokens: int) -> bool:
         return self.allocator.grow(seq.block_table, total_tokens, self.block_size)
+
+    def admit(self, seq: Sequence) -> bool:
+        """Blocks for a waiting sequence's whole prefill, its cached prefix first (all or
+        nothing: engine/prefix_cache.admit)."""
+        return admit(self.allocator, seq, self.block_size, lambda s: s.num_tokens)
