@@ -32,13 +32,7 @@ class BlockAllocator:
 
     def grow(self, table: list[int], num_tokens: int, block_size: int) -> bool:
         """Extends a block table in place to hold num_tokens; all or nothing."""
-        need = -(-num_tokens // block_size) - len(table)
-        if need <= 0:
-            return True
-        if need > len(self._free):
-            return False
-        table.extend(self.allocate(need))
-        return True
+        return grow_table(self, table, num_tokens, block_size)
 
     def release(self, table: list[int]) -> None:
         """Frees every block of a table and empties it."""
@@ -67,3 +61,14 @@ class BlockAllocator:
                 raise ValueError(f"KV block {b} freed twice or never allocated")
             self._used.remove(b)
             self._free.append(b)
+
+
+def grow_table(allocator, table: list[int], num_tokens: int, block_size: int) -> bool:
+    """Extends a block table in place from `allocator` to hold num_tokens; all or nothing."""
+    need = -(-num_tokens // block_size) - len(table)
+    if need <= 0:
+        return True
+    if need > allocator.num_free:
+        return False
+    table.extend(allocator.allocate(need))
+    return True

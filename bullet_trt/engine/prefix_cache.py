@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 
-from bullet_trt.engine.block_allocator import BlockAllocator, OutOfBlocks
+from bullet_trt.engine.block_allocator import BlockAllocator, OutOfBlocks, grow_table
 from bullet_trt.engine.sequence import Sequence
 
 ROOT = -1  # the parent of a prompt's first block
@@ -59,13 +59,7 @@ class PrefixCachingAllocator:
         return self.pool.allocate(n)
 
     def grow(self, table: list[int], num_tokens: int, block_size: int) -> bool:
-        need = -(-num_tokens // block_size) - len(table)
-        if need <= 0:
-            return True
-        if need > self.num_free:
-            return False
-        table.extend(self.allocate(need))
-        return True
+        return grow_table(self, table, num_tokens, block_size)
 
     def release(self, table: list[int]) -> None:
         self.free(table)
