@@ -20,10 +20,8 @@ import traceback
 
 from bullet_trt.config import EngineConfig, ProfileConfig
 from bullet_trt.engine.batch_scheduler import BatchScheduler, ScheduledChunk
-from bullet_trt.engine.block_allocator import BlockAllocator
-from bullet_trt.engine.block_journal import JournaledAllocator
 from bullet_trt.engine.lifecycle import RequestLifecycle
-from bullet_trt.engine.prefix_cache import prefix_stats, with_prefix_cache
+from bullet_trt.engine.prefix_cache import engine_allocator, prefix_stats
 from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput
 from bullet_trt.engine.sequence import SeqStatus
 from bullet_trt.engine.session import TorchSession
@@ -57,8 +55,8 @@ class EngineCore:
     def _build(self, cfg: EngineConfig, token_budget: int | None) -> None:
         ranks = self.ranks
         self.state, model = build_shared_state(cfg, share=False, tp=ranks.group if ranks else None)
-        pool = (JournaledAllocator if ranks else BlockAllocator)(self.state.num_blocks)
-        self.allocator = with_prefix_cache(pool, self.state.block_size, cfg.kv.prefix_caching)
+        self.allocator = engine_allocator(self.state.num_blocks, self.state.block_size, ranks is not None,
+                                          cfg.kv.prefix_caching)
         max_seqs = cfg.decode.max_num_seqs
         self.scheduler = BatchScheduler(self.allocator, self.state.block_size, max_seqs,
                                         token_budget or cfg.serve.chunk_size)

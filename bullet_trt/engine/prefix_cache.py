@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 
 from bullet_trt.engine.block_allocator import BlockAllocator, OutOfBlocks, grow_table
+from bullet_trt.engine.block_journal import JournaledAllocator
 from bullet_trt.engine.sequence import Sequence
 
 ROOT = -1  # the parent of a prompt's first block
@@ -156,10 +157,11 @@ def admit(allocator, seq: Sequence, block_size: int, tokens_after_prefix) -> boo
     return False
 
 
-def with_prefix_cache(pool: BlockAllocator, block_size: int, enabled: bool):
-    """The allocator the schedulers use over `pool`: with kv.prefix_caching, one that keeps
-    prompt blocks for later prompts."""
-    return PrefixCachingAllocator(pool, block_size) if enabled else pool
+def engine_allocator(num_blocks: int, block_size: int, journaled: bool, prefix_caching: bool):
+    """The allocator an engine's scheduler uses: the pool's free list (journaled for the other
+    tensor-parallel ranks), under a prefix cache with kv.prefix_caching."""
+    pool = (JournaledAllocator if journaled else BlockAllocator)(num_blocks)
+    return PrefixCachingAllocator(pool, block_size) if prefix_caching else pool
 
 
 def prefix_stats(allocator) -> dict[str, int]:

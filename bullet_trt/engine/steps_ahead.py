@@ -36,7 +36,8 @@ class StepAhead:
     def prompt_chunks(self):
         """(sequence, tokens computed) of the step's prompt chunks whose sequences it still
         runs: what kv.prefix_caching may keep once the step has succeeded."""
-        for chunk, lineage, computed in list(zip(self.chunks, self.lineages, self.computed))[self.num_decodes:]:
+        n = self.num_decodes
+        for chunk, lineage, computed in zip(self.chunks[n:], self.lineages[n:], self.computed[n:]):
             if chunk.seq.lineage == lineage:
                 yield chunk.seq, computed
 

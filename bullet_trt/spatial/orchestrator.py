@@ -29,11 +29,9 @@ import torch
 import torch.multiprocessing as mp
 
 from bullet_trt.config import ConfigError, EngineConfig
-from bullet_trt.engine.block_allocator import BlockAllocator
-from bullet_trt.engine.prefix_cache import prefix_stats, with_prefix_cache
-from bullet_trt.engine.block_journal import JournaledAllocator
 from bullet_trt.engine.kv_pool import blocks_for_tokens
 from bullet_trt.engine.lifecycle import RequestLifecycle
+from bullet_trt.engine.prefix_cache import engine_allocator, prefix_stats
 from bullet_trt.engine.request import EngineStats, NewRequest, RequestOutput
 from bullet_trt.engine.sequence import SeqStatus, Sequence
 from bullet_trt.engine.session import SampleResult
@@ -91,8 +89,8 @@ class SpatialEngine:
         self.state, model = build_shared_state(cfg, share=True, tp=ranks.group if ranks else None)
         del model  # the workers attach the shared weights
         device = self.state.kv_pool.device
-        pool = (JournaledAllocator if ranks else BlockAllocator)(self.state.num_blocks)
-        self.allocator = with_prefix_cache(pool, self.state.block_size, cfg.kv.prefix_caching)
+        self.allocator = engine_allocator(self.state.num_blocks, self.state.block_size, ranks is not None,
+                                          cfg.kv.prefix_caching)
         self.queues = SpatialQueues(self.allocator, self.state.block_size)
         self.requests = RequestLifecycle(request_limits(cfg, self.state), self.state.arch.eos_token_ids,
                                          release=self._release)

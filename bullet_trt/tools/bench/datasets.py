@@ -355,9 +355,8 @@ class PromptBuilder:
         if self.word_ids is None:
             idx = self.rng.integers(0, len(FALLBACK_WORDS), size=max(n, 0))
             return " ".join(FALLBACK_WORDS[i] for i in idx)
-        ids = self.rng.choice(self.word_ids, size=max(n, 0))
         # each id decodes to " word": keeping the leading space keeps one token per word
-        return self.tokenizer.decode([int(i) for i in ids])
+        return self._text_of([int(i) for i in self.rng.choice(self.word_ids, size=max(n, 0))])
 
     def build(self, n_tokens: int) -> tuple[str, int | None, list[int] | None]:
         """(text, measured token count or None, token ids or None) for ``n_tokens`` tokens.
