@@ -176,10 +176,10 @@ class ParallelConfig:
     # process each on cuda:0..N-1 (gloo on CPU), the engine process being rank 0.
     tensor_parallel_size: int = 1
     # Under tensor parallelism, decode steps replay CUDA graphs with the NCCL collectives captured
-    # inside (as on one GPU), instead of running eager: a TP=2 decode step ran eager at 4-6x one
-    # GPU's graphed step (docs/scale-out.md). Off until its GPU run (the H200 queue's TP tests
-    # and `bench tp`) has shown it; one GPU's decode graphs do not depend on it.
-    decode_graphs: bool = False
+    # inside (as on one GPU), instead of running eager: eager, a TP=2 decode step of the 8B took
+    # 9x its graphed one on two H200s (docs/scale-out.md). False runs TP decode eager; one GPU's
+    # decode graphs do not depend on it.
+    decode_graphs: bool = True
 
 
 @dataclass

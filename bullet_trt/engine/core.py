@@ -197,6 +197,7 @@ class EngineCore:
         # Drop the pool and weights now rather than at garbage collection, so a following
         # engine in the same process can size its pool from the freed memory.
         if self.ranks is not None:
+            self.session.release_graphs()  # before the group (DecodeGraphs.release)
             self.ranks.close()
         self.log.close()
         device = self.state.kv_pool.device

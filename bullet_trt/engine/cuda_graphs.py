@@ -81,6 +81,13 @@ class DecodeGraphs:
             stream = self.side_stream
         return stream
 
+    def release(self) -> None:
+        """Frees the captured graphs. Under tensor parallelism they hold the NCCL communicator:
+        destroying the process group while they live never returns (rank 0 hung there)."""
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+
     def capture_all(self) -> int:
         """Captures every bucket's graph for the current stream now; returns how many were new.
         The kernels' SM count (``set_num_sms``) must already be the stream's."""

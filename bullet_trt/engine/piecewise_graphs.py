@@ -109,6 +109,14 @@ class PiecewiseGraphs:
             graphs.append(graph)
         return graphs
 
+    def release(self) -> None:
+        """Frees the captured pieces (DecodeGraphs.release says why it matters)."""
+        for pieces in self.pieces.values():
+            for piece in pieces:
+                if isinstance(piece, torch.cuda.CUDAGraph):
+                    piece.reset()
+        self.pieces.clear()
+
     def capture_all(self) -> int:
         """Captures every bucket's pieces for the current stream, the largest bucket first
         (smaller ones then fit in the memory it left in the pool); returns how many were new."""

@@ -46,6 +46,9 @@ class EngineSession(ABC):
     def decode(self, items: list[BatchItem]) -> list[SampleResult | None]:
         return self.run(items)
 
+    def release_graphs(self) -> None:
+        """Frees whatever CUDA graphs the session captured (before its ranks' group goes)."""
+
 
 class TorchSession(EngineSession):
     """Runs the PyTorch model of bullet_trt.model over the paged pool."""
@@ -140,6 +143,11 @@ class TorchSession(EngineSession):
             ops.compile_moe_variants(local_experts, arch.hidden_size, arch.moe_intermediate_size,
                                      arch.num_experts_per_tok, self.model.dtype, self.device)
         torch.cuda.synchronize(self.device)
+
+    def release_graphs(self) -> None:
+        for graphs in (self.graphs, self.piecewise):
+            if graphs is not None:
+                graphs.release()
 
     def capture_graphs(self) -> int:
         """Captures the decode graph of every batch bucket (and the piecewise graphs of every

@@ -22,7 +22,10 @@ def run_chunked_follower(cfg: EngineConfig, group: TPGroup, free_counts) -> None
     session.warm_up()  # the same steps as rank 0's warm-up, collectives included
     # and the same captures (each one's warm-up forwards pair with rank 0's; parallel.decode_graphs)
     session.capture_graphs()
-    follow_steps(group, BlockReplica(state.num_blocks), free_counts, session)
+    try:
+        follow_steps(group, BlockReplica(state.num_blocks), free_counts, session)
+    finally:
+        session.release_graphs()  # before the group goes (DecodeGraphs.release)
 
 
 def follow_steps(group: TPGroup, replica: BlockReplica, free_counts, session=None) -> None:

@@ -12,8 +12,10 @@ rank's pool; the ranks are processes of one host.
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import importlib
 import os
+import signal
 import threading
 import time
 
@@ -140,6 +142,9 @@ class LeaderSession(EngineSession):
         self.ranks.send(RankStep(items, self.allocator.take_journal()))
         return self.session.run(items)
 
+    def release_graphs(self) -> None:
+        self.session.release_graphs()
+
 
 def exit_with_parent() -> None:
     """A follower blocked in a collective cannot look at its parent; this thread does, so
@@ -158,7 +163,9 @@ def exit_with_parent() -> None:
 
 def follower_main(target: str, cfg: EngineConfig, rank: int, rendezvous: Rendezvous, free_counts,
                   threads: int) -> None:
-    """A follower process: joins the group as ``rank``, then runs ``target``."""
+    """A follower process: joins the group as ``rank``, then runs ``target``. ``kill -USR1``
+    on it prints every thread's stack: a rank stuck in a collective shows where."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     exit_with_parent()
     if threads:
         torch.set_num_threads(threads)
