@@ -35,6 +35,7 @@ class SharedEngineState:
     # parallel.decode_graphs: whether the sessions attached to this state capture the
     # collectives in their decode graphs (each process rebuilds the model around the weights)
     collectives_in_graphs: bool = False
+    fp8_experts: bool = False  # quantization=fp8: the experts' weights are FP8 blocks
 
     @property
     def num_blocks(self) -> int:
@@ -55,8 +56,12 @@ def build_shared_state(cfg: EngineConfig, share: bool = True, tp=None) -> tuple[
                          f"kernels tile blocks by powers of two), got {bs}")
     dtype = resolve_dtype(arch, cfg.dtype, device)
     in_graphs = cfg.parallel.decode_graphs and device.type == "cuda"
+    if cfg.fp8_experts and not arch.moe_layers:
+        raise ValueError(f"quantization=fp8 holds a mixture-of-experts model's experts in FP8; "
+                         f"{cfg.checkpoint_path} has no MoE layers")
     model = CausalLM(arch, dtype, device, max_positions=cfg.max_model_len, shard=shard,
-                     group=tp.model_group if tp is not None else None, collectives_in_graphs=in_graphs)
+                     group=tp.model_group if tp is not None else None, collectives_in_graphs=in_graphs,
+                     fp8_experts=cfg.fp8_experts)
     if cfg.dummy_weights:
         model.init_random_weights(cfg.seed)
     else:
@@ -71,7 +76,8 @@ def build_shared_state(cfg: EngineConfig, share: bool = True, tp=None) -> tuple[
     if tp is not None:
         num_blocks = tp.min(num_blocks)
     pool = create_kv_pool(arch, num_blocks, cfg.kv.block_size, dtype, device, shared=share, shard=shard)
-    state = SharedEngineState(arch, dtype, weights, pool, cfg.kv.block_size, cfg.max_model_len, shard, in_graphs)
+    state = SharedEngineState(arch, dtype, weights, pool, cfg.kv.block_size, cfg.max_model_len, shard, in_graphs,
+                              cfg.fp8_experts)
     return state, model
 
 
@@ -79,7 +85,7 @@ def attach_session(state: SharedEngineState, profile: ProfileConfig, group=None)
     """A session over already-built weights and pool (in this or another process); ``group``:
     the process group of the state's tensor-parallel ranks, joined in this process."""
     model = CausalLM(state.arch, state.dtype, "meta", max_positions=state.max_model_len, shard=state.shard,
-                     group=group, collectives_in_graphs=state.collectives_in_graphs)
+                     group=group, collectives_in_graphs=state.collectives_in_graphs, fp8_experts=state.fp8_experts)
     model.attach_weights(state.weights)
     return TorchSession(model, state.kv_pool, state.block_size, profile)
 

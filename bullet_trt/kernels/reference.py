@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from bullet_trt.kernels import fp8_blocks
 from bullet_trt.kernels.metadata import AttentionMetadata
 
 
@@ -103,7 +104,8 @@ def moe_route(router_logits: torch.Tensor, top_k: int,
 
 def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-              expert_offset: int = 0) -> torch.Tensor:
+              expert_offset: int = 0, gate_up_scale: torch.Tensor | None = None,
+              down_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The experts' part of a MoE layer: for each token, the sum over its k experts e of
     weight * down_e(silu(gate_e(x)) * up_e(x)).
 
@@ -115,7 +117,13 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     The token-expert assignments are sorted by expert and each expert's rows run as one pair
     of GEMMs, the grouped GEMM the Triton kernel tiles; the per-expert loop and its host sync
     are fine on CPU. Accumulation follows transformers (in x's dtype, expert by expert).
+
+    With ``gate_up_scale`` and ``down_scale`` the weights are FP8 blocks (fp8_blocks.py), used
+    as the x-dtype weights they stand for.
     """
+    if gate_up_scale is not None:
+        w_gate_up = fp8_blocks.dequantize_gate_up(w_gate_up, gate_up_scale, x.dtype)
+        w_down = fp8_blocks.dequantize(w_down, down_scale, x.dtype)
     num_local, k = w_gate_up.shape[0], topk_ids.shape[1]
     out = torch.zeros_like(x)
     local = topk_ids.reshape(-1).long() - expert_offset

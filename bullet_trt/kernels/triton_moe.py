@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bullet_trt.kernels import moe_tiles
+from bullet_trt.kernels import fp8_blocks, moe_tiles
 from bullet_trt.kernels.reference import moe_route
 from bullet_trt.kernels.sm_budget import get_num_sms, whole_device_sms
 from bullet_trt.kernels.triton_dot import UPCAST_DOT, mm
@@ -62,8 +62,8 @@ MOE_TILE_OVERRIDE: dict | None = None
 @functools.lru_cache(maxsize=None)
 def tuned_tables(dtype: torch.dtype, top_k: int, num_local_experts: int, inter: int, hidden: int,
                  device: torch.device) -> dict[int | None, tuple[tuple[int, dict], ...]]:
-    """This GPU's tuned tile tables for the layer shape, by the SM count each was tuned on
-    (None: the whole GPU); none for fp32, which is never tuned."""
+    """This GPU's tuned tile tables for the layer shape and weight dtype, by the SM count each
+    was tuned on (None: the whole GPU); none for fp32, which is never tuned."""
     if device.type != "cuda" or dtype == torch.float32:
         return {}
     index = torch.cuda.current_device() if device.index is None else device.index
@@ -78,12 +78,13 @@ def untuned_config(dtype: torch.dtype, tokens: int, top_k: int, num_local_expert
 
 
 def moe_config(dtype: torch.dtype, tokens: int, top_k: int, num_local_experts: int, inter: int,
-               hidden: int, device: torch.device) -> dict:
-    """The tile for ``tokens`` rows of x routed to ``top_k`` of ``num_local_experts`` experts
-    of this shape: the override, else the tuned table's, else the untuned form's."""
+               hidden: int, device: torch.device, weight_dtype: torch.dtype | None = None) -> dict:
+    """The tile for ``tokens`` rows of x (``dtype``) routed to ``top_k`` of ``num_local_experts``
+    experts of this shape, whose weights are ``weight_dtype`` (x's by default): the override,
+    else the tuned table's, else the untuned form's."""
     if MOE_TILE_OVERRIDE is not None:
         return dict(MOE_TILE_OVERRIDE)
-    tables = tuned_tables(dtype, top_k, num_local_experts, inter, hidden, device)
+    tables = tuned_tables(weight_dtype or dtype, top_k, num_local_experts, inter, hidden, device)
     if tables:
         table = moe_tiles.table_for(tables, get_num_sms(device), whole_device_sms(device), tokens)
         return moe_tiles.tile_for(table, tokens)
@@ -173,14 +174,19 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_local_experts
 # num_valid and num_rows change with the batch: kept out of Triton's specialization so that a
 # new batch size compiles nothing (see triton_ops on specialization).
 @triton.jit(do_not_specialize=["num_valid", "num_rows"])
-def _moe_gemm_kernel(A, B, C, W, SORTED, BLOCK_EXPERT, NUM_PADDED,
+def _moe_gemm_kernel(A, B, C, W, S, SORTED, BLOCK_EXPERT, NUM_PADDED,
                      N, K, num_valid, num_rows, stride_am, stride_be, stride_bn, stride_cm,
+                     stride_se, stride_sn,
                      A_ROWS_PER_ID: tl.constexpr, GATE_UP: tl.constexpr, WEIGHTED: tl.constexpr,
+                     FP8_BLOCK: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_M: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     """C[id] = A[id // A_ROWS_PER_ID] @ B[expert]^T for the sorted ids of one block: with
     GATE_UP, B's rows n and N + n are gate and up and C gets silu(gate) * up; with WEIGHTED,
-    C is scaled by W[id]. Last dims are contiguous."""
+    C is scaled by W[id]. Last dims are contiguous. FP8_BLOCK > 0: B is FP8 with a float32
+    scale S per FP8_BLOCK x FP8_BLOCK block (fp8_blocks.py; the up's scale rows follow the
+    gate's); each BLOCK_K step lies in one block (BLOCK_K divides FP8_BLOCK), so its product
+    is scaled per column once."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(num_rows, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -206,15 +212,27 @@ def _moe_gemm_kernel(A, B, C, W, SORTED, BLOCK_EXPERT, NUM_PADDED,
     b_ptrs = B + expert * stride_be + cols.to(tl.int64)[None, :] * stride_bn + k[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if FP8_BLOCK:
+        s_ptrs = S + expert * stride_se + (cols // FP8_BLOCK) * stride_sn
+        # the up's scale rows start after the gate's ceil(N / FP8_BLOCK)
+        s_up_ptrs = s_ptrs + tl.cdiv(N, FP8_BLOCK) * stride_sn
     for k0 in range(0, K, BLOCK_K):
         kmask = k < K - k0
         a = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
         b_mask = kmask[:, None] & cmask[None, :]
         b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        acc += mm(a, b, DOT_PREC, UPCAST)
+        if FP8_BLOCK:
+            s = tl.load(s_ptrs + k0 // FP8_BLOCK, mask=cmask, other=0.0)
+            acc += mm(a, b.to(a.dtype), DOT_PREC, UPCAST) * s[None, :]
+        else:
+            acc += mm(a, b, DOT_PREC, UPCAST)
         if GATE_UP:
             b_up = tl.load(b_ptrs + N * stride_bn, mask=b_mask, other=0.0)
-            acc_up += mm(a, b_up, DOT_PREC, UPCAST)
+            if FP8_BLOCK:
+                s_up = tl.load(s_up_ptrs + k0 // FP8_BLOCK, mask=cmask, other=0.0)
+                acc_up += mm(a, b_up.to(a.dtype), DOT_PREC, UPCAST) * s_up[None, :]
+            else:
+                acc_up += mm(a, b_up, DOT_PREC, UPCAST)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if GATE_UP:
@@ -225,18 +243,23 @@ def _moe_gemm_kernel(A, B, C, W, SORTED, BLOCK_EXPERT, NUM_PADDED,
              mask=valid[:, None] & cmask[None, :])
 
 
-def _gemm(a, b, c, weights, sorted_ids, block_expert, num_padded, num_valid, a_rows_per_id,
+def _gemm(a, b, c, weights, scales, sorted_ids, block_expert, num_padded, num_valid, a_rows_per_id,
           gate_up, cfg, prec):
     cfg = dict(cfg)
     bm, bn, bk, gm = (cfg.pop(key) for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
     n = b.shape[1] // 2 if gate_up else b.shape[1]
     num_rows = sorted_ids.shape[0]
     grid = (triton.cdiv(num_rows, bm) * triton.cdiv(n, bn),)
+    fp8_block = fp8_blocks.BLOCK if scales is not None else 0
+    if fp8_block and fp8_block % bk:
+        raise ValueError(f"fused_moe: BLOCK_K {bk} must divide the FP8 scale block {fp8_block}")
+    s = scales if scales is not None else b  # never read without FP8_BLOCK
     _moe_gemm_kernel[grid](
-        a, b, c, weights, sorted_ids, block_expert, num_padded, n, b.shape[2], num_valid, num_rows,
-        a.stride(0), b.stride(0), b.stride(1), c.stride(0), A_ROWS_PER_ID=a_rows_per_id,
-        GATE_UP=gate_up, WEIGHTED=weights is not None and not gate_up, BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_K=bk, GROUP_M=gm, DOT_PREC=prec, UPCAST=UPCAST_DOT, **cfg)
+        a, b, c, weights, s, sorted_ids, block_expert, num_padded, n, b.shape[2], num_valid, num_rows,
+        a.stride(0), b.stride(0), b.stride(1), c.stride(0), s.stride(0), s.stride(1),
+        A_ROWS_PER_ID=a_rows_per_id, GATE_UP=gate_up, WEIGHTED=weights is not None and not gate_up,
+        FP8_BLOCK=fp8_block, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, DOT_PREC=prec,
+        UPCAST=UPCAST_DOT, **cfg)
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -245,9 +268,10 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
 
 def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-              expert_offset: int = 0) -> torch.Tensor:
-    """Sum over each token's k experts of weight * down(silu(gate(x)) * up(x)); shapes and
-    the expert range as in ``reference.fused_moe``."""
+              expert_offset: int = 0, gate_up_scale: torch.Tensor | None = None,
+              down_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Sum over each token's k experts of weight * down(silu(gate(x)) * up(x)); shapes, the
+    expert range and the FP8 weights' scales as in ``reference.fused_moe``."""
     T, H = x.shape
     e_local, two_inter, h_in = w_gate_up.shape
     inter = two_inter // 2
@@ -260,20 +284,26 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         return torch.zeros_like(x)
     x, w_gate_up, w_down = _contiguous(x), _contiguous(w_gate_up), _contiguous(w_down)
     weights = _contiguous(topk_weights).reshape(-1)
-    cfg = moe_config(x.dtype, T, k, e_local, inter, H, x.device)
+    if (gate_up_scale is None) != (down_scale is None):
+        raise ValueError("fused_moe: FP8 experts need both gate_up_scale and down_scale")
+    if gate_up_scale is not None:
+        gate_up_scale, down_scale = _contiguous(gate_up_scale), _contiguous(down_scale)
+    cfg = moe_config(x.dtype, T, k, e_local, inter, H, x.device, w_gate_up.dtype)
     sorted_ids, block_expert, num_padded = moe_align_block_size(topk_ids, cfg["BLOCK_M"], e_local,
                                                                 expert_offset)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
     act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
     # zeros: rows of assignments to other ranks' experts are never written
     y = torch.zeros(T * k, H, dtype=x.dtype, device=x.device)
-    _gemm(x, w_gate_up, act, None, sorted_ids, block_expert, num_padded, T * k, k, True, cfg, prec)
-    _gemm(act, w_down, y, weights, sorted_ids, block_expert, num_padded, T * k, 1, False, cfg, prec)
+    _gemm(x, w_gate_up, act, None, gate_up_scale, sorted_ids, block_expert, num_padded, T * k, k, True, cfg,
+          prec)
+    _gemm(act, w_down, y, weights, down_scale, sorted_ids, block_expert, num_padded, T * k, 1, False, cfg,
+          prec)
     return y.view(T, k, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
 
 
 def compile_moe_variants(num_local_experts: int, hidden: int, inter: int, top_k: int,
-                         dtype: torch.dtype, device: torch.device | str) -> None:
+                         dtype: torch.dtype, device: torch.device | str, fp8_experts: bool = False) -> None:
     """Compiles every tile this layer shape can take (its tuned tables', else both untuned
     forms): which one a step takes depends on its token count, and without this the first large
     prefill would stall for a compile (most of a second) mid-serving. The GEMMs' compiled form
@@ -282,7 +312,8 @@ def compile_moe_variants(num_local_experts: int, hidden: int, inter: int, top_k:
     count."""
     global MOE_TILE_OVERRIDE
     device = torch.device(device)
-    tables = tuned_tables(dtype, top_k, num_local_experts, inter, hidden, device)
+    weight_dtype = fp8_blocks.FP8 if fp8_experts else dtype
+    tables = tuned_tables(weight_dtype, top_k, num_local_experts, inter, hidden, device)
     if tables:  # every partition's: a worker moves between them
         tiles = [tile for table in tables.values() for _, tile in table]
     else:
@@ -290,13 +321,17 @@ def compile_moe_variants(num_local_experts: int, hidden: int, inter: int, top_k:
     x = torch.zeros(2, hidden, dtype=dtype, device=device)
     w_gate_up = torch.zeros(1, 2 * inter, hidden, dtype=dtype, device=device)
     w_down = torch.zeros(1, hidden, inter, dtype=dtype, device=device)
+    scales = {}
+    if fp8_experts:
+        (w_gate_up, scales["gate_up_scale"]), (w_down, scales["down_scale"]) = (
+            fp8_blocks.quantize_gate_up(w_gate_up), fp8_blocks.quantize(w_down))
     ids = torch.zeros(2, top_k, dtype=torch.int32, device=device)
     weights = torch.ones(2, top_k, dtype=dtype, device=device)
     saved = MOE_TILE_OVERRIDE
     try:
         for tile in {tuple(sorted(t.items())): t for t in tiles}.values():
             MOE_TILE_OVERRIDE = tile
-            fused_moe(x, w_gate_up, w_down, weights, ids)
+            fused_moe(x, w_gate_up, w_down, weights, ids, **scales)
             moe_align_block_size(ids, tile["BLOCK_M"], num_local_experts)
     finally:
         MOE_TILE_OVERRIDE = saved

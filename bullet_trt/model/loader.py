@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from bullet_trt.model.arch import ModelArch
-from bullet_trt.model.expert_weights import checkpoint_destinations, is_expert_tensor
+from bullet_trt.model.expert_weights import Fp8Target, checkpoint_destinations, is_expert_tensor
 from bullet_trt.model.tensor_parallel import Shard
 from bullet_trt.model.transformer import CausalLM
 
@@ -65,7 +65,7 @@ def _ignored(name: str, arch: ModelArch) -> bool:
     return name.endswith("rotary_emb.inv_freq") or (arch.tie_word_embeddings and name == "lm_head.weight")
 
 
-def _read(f, name: str, shard: Shard, arch: ModelArch, dest: torch.Tensor, dtype: torch.dtype,
+def _read(f, name: str, shard: Shard, arch: ModelArch, dest: torch.Tensor | Fp8Target, dtype: torch.dtype,
           path: Path) -> None:
     """Copies this rank's part of tensor ``name`` into ``dest``, reading only that part."""
     view = f.get_slice(name)
@@ -74,13 +74,19 @@ def _read(f, name: str, shard: Shard, arch: ModelArch, dest: torch.Tensor, dtype
     if part is None:
         if shape != tuple(dest.shape):
             raise ValueError(f"{path}: tensor {name!r} has shape {shape}, the model expects {tuple(dest.shape)}")
-        dest.copy_(f.get_tensor(name).to(dtype))
+        if isinstance(dest, Fp8Target):
+            dest.fill(f.get_tensor(name))
+        else:
+            dest.copy_(f.get_tensor(name).to(dtype))
         return
     expected = list(dest.shape)
     expected[part.dim] = part.full
     if shape != tuple(expected):
         raise ValueError(f"{path}: tensor {name!r} has shape {shape}, the model expects {tuple(expected)}")
     index = (slice(None),) * part.dim + (slice(part.start, part.stop),)
+    if isinstance(dest, Fp8Target):  # a rank's range of stacked experts, which it holds whole
+        dest.fill(view[index])
+        return
     rows = part.stop - part.start
     # the vocabulary's last range is padded: rows past the vocabulary stay zero
     target = dest.narrow(part.dim, 0, rows)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from bullet_trt.kernels import AttentionMetadata, ops_for
+from bullet_trt.kernels import AttentionMetadata, fp8_blocks, ops_for
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.rope import build_cos_sin_cache
 from bullet_trt.model.tensor_parallel import Collectives, Shard
@@ -142,7 +142,8 @@ class MLP(nn.Module):
 
 class Experts(nn.Module):
     """The experts of one MoE layer, stacked: this rank's range of them under tensor
-    parallelism (``expert_offset`` is the first expert it holds), all of them on one rank."""
+    parallelism (``expert_offset`` is the first expert it holds), all of them on one rank.
+    ``store_in_fp8`` turns them into FP8 blocks with their scales (kernels/fp8_blocks.py)."""
 
     def __init__(self, arch: ModelArch, shard: Shard):
         super().__init__()
@@ -150,6 +151,22 @@ class Experts(nn.Module):
         h, inter = arch.hidden_size, arch.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * inter, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, inter))
+        self.register_parameter("gate_up_scale", None)
+        self.register_parameter("down_scale", None)
+
+    def store_in_fp8(self) -> None:
+        """Re-declares the (not yet filled) weights as FP8, with a float32 scale per block."""
+        e, two_inter, h = self.gate_up_proj.shape
+        inter, device = two_inter // 2, self.gate_up_proj.device
+
+        def param(*shape, dtype):
+            return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+        rows, cols = fp8_blocks.scale_shape(inter, h)
+        self.gate_up_proj = param(e, two_inter, h, dtype=fp8_blocks.FP8)
+        self.gate_up_scale = param(e, 2 * rows, cols, dtype=torch.float32)
+        self.down_proj = param(e, h, inter, dtype=fp8_blocks.FP8)
+        self.down_scale = param(e, *fp8_blocks.scale_shape(h, inter), dtype=torch.float32)
 
 
 class SparseMoeBlock(nn.Module):
@@ -173,7 +190,8 @@ class SparseMoeBlock(nn.Module):
         if real_rows is not None:
             ids = unrouted_past(ids, real_rows)
         e = self.experts
-        return self.tp.all_reduce(ops.fused_moe(x, e.gate_up_proj, e.down_proj, weights, ids, e.expert_offset))
+        return self.tp.all_reduce(ops.fused_moe(x, e.gate_up_proj, e.down_proj, weights, ids, e.expert_offset,
+                                                e.gate_up_scale, e.down_scale))
 
 
 NO_EXPERT = -1  # an expert id outside every rank's range: fused_moe leaves the assignment out
@@ -209,15 +227,19 @@ class CausalLM(nn.Module):
 
     ``shard``: the part of the model this rank holds (all of it by default); ``group``: the
     torch.distributed process group of its ranks (None: the default group);
-    ``collectives_in_graphs``: its collectives may be captured into CUDA graphs (Collectives).
+    ``collectives_in_graphs``: its collectives may be captured into CUDA graphs (Collectives);
+    ``fp8_experts``: the MoE experts' weights are FP8 blocks (kernels/fp8_blocks.py), the rest
+    ``dtype``.
     """
 
     def __init__(self, arch: ModelArch, dtype: torch.dtype, device: torch.device | str,
                  max_positions: int | None = None, shard: Shard = Shard(), group=None,
-                 collectives_in_graphs: bool = False):
+                 collectives_in_graphs: bool = False, fp8_experts: bool = False):
         super().__init__()
         shard.check(arch)
-        self.arch, self.dtype, self.shard = arch, dtype, shard
+        if fp8_experts and not arch.moe_layers:
+            raise ValueError(f"FP8 experts: {arch.source or 'the model'} has no MoE layers")
+        self.arch, self.dtype, self.shard, self.fp8_experts = arch, dtype, shard, fp8_experts
         self.tp = Collectives(shard, group, collectives_in_graphs)
         self.max_positions = max_positions or arch.max_position_embeddings
         # Built on meta, so no time goes into random init that the loader overwrites anyway.
@@ -226,6 +248,10 @@ class CausalLM(nn.Module):
             if not arch.tie_word_embeddings:
                 self.lm_head = nn.Linear(arch.hidden_size, shard.vocab_rows(arch), bias=False)
         self.to(dtype).requires_grad_(False)
+        if fp8_experts:
+            for module in self.modules():
+                if isinstance(module, Experts):
+                    module.store_in_fp8()
         self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
         self._place(torch.device(device))
 
@@ -352,7 +378,8 @@ class CausalLM(nn.Module):
         """Makes the given tensors the parameters, sharing their storage (no copy).
 
         Used to adopt weights that another process put in shared memory or CUDA IPC handles.
-        All tensors must be on one device and in the model's dtype.
+        All tensors must be on one device and in the parameters' dtypes (the model's, FP8
+        experts' their own).
         """
         params = dict(self.named_parameters())
         missing = sorted(set(params) - set(state))
@@ -366,8 +393,8 @@ class CausalLM(nn.Module):
             if tensor.shape != params[name].shape:
                 raise ValueError(f"attach_weights: tensor {name} has shape {tuple(tensor.shape)}, "
                                  f"expected {tuple(params[name].shape)}")
-            if tensor.dtype != self.dtype:
-                raise ValueError(f"attach_weights: tensor {name} is {tensor.dtype}, expected {self.dtype}")
+            if tensor.dtype != params[name].dtype:
+                raise ValueError(f"attach_weights: tensor {name} is {tensor.dtype}, expected {params[name].dtype}")
         for name, tensor in state.items():
             owner, _, leaf = name.rpartition(".")
             self.get_submodule(owner)._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
@@ -384,7 +411,10 @@ class CausalLM(nn.Module):
         unit size through the layers. A tensor-parallel rank draws each whole tensor and keeps
         its slice, so that its shard is the one-rank model's, whatever the number of ranks."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        for name, p in self.named_parameters():
+        params = dict(self.named_parameters())
+        for name, p in params.items():
+            if name.endswith("_scale"):
+                continue  # an FP8 weight's scales: made with it, below
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             elif name.endswith(".bias"):
@@ -394,8 +424,16 @@ class CausalLM(nn.Module):
                 shape = list(p.shape)
                 if part is not None:
                     shape[part.dim] = part.full
-                whole = p if part is None else p.new_empty(shape)
+                fp8 = p.dtype == fp8_blocks.FP8
+                # an FP8 expert: drawn as the model's dtype would draw it, then quantized
+                whole = p if part is None and not fp8 else p.new_empty(shape, dtype=self.dtype)
                 whole.normal_(0.0, 1.0 if "embed_tokens" in name else shape[-1] ** -0.5, generator=gen)
-                if part is not None:
+                if fp8:
+                    mine = whole if part is None else whole.narrow(part.dim, part.start, part.stop - part.start)
+                    quantize = fp8_blocks.quantize_gate_up if name.endswith("gate_up_proj") else fp8_blocks.quantize
+                    q, scale = quantize(mine)
+                    p.copy_(q)
+                    params[name.removesuffix("_proj") + "_scale"].copy_(scale)
+                elif part is not None:
                     rows = part.stop - part.start
                     p.zero_().narrow(part.dim, 0, rows).copy_(whole.narrow(part.dim, part.start, rows))

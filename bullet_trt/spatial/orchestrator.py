@@ -172,12 +172,12 @@ class SpatialEngine:
         """The engine directory's calibration for this GPU, else uncalibrated defaults that
         the online correction then pulls toward measured times."""
         arch, shard = self.state.arch, self.state.shard
-        cost = ModelCost.from_arch(arch, self.state.kv_pool.element_size()).per_rank(
+        cost = ModelCost.from_arch(arch, self.state.kv_pool.element_size(), self.state.fp8_experts).per_rank(
             shard.size, shard.kv_heads(arch)[1], arch.num_kv_heads)
         gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         perf, note = load_perf_model(self.cfg.engine_dir, cost, gpu_name, self.total_sms,
                                      worker_profiles(self.cfg)["prefill"].piecewise_graph_tokens,
-                                     moe_tiles_of(arch, gpu_name) if gpu_name else None)
+                                     moe_tiles_of(arch, gpu_name, self.state.fp8_experts) if gpu_name else None)
         print(f"bullet_trt: performance model: {note}", file=sys.stderr, flush=True)
         return perf
 

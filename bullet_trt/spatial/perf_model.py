@@ -76,7 +76,8 @@ class ModelCost:
     expert_flops_per_token: float = 0.0  # the part of flops_per_token in the routed experts
 
     @staticmethod
-    def from_arch(arch, dtype_bytes: int) -> "ModelCost":
+    def from_arch(arch, dtype_bytes: int, fp8_experts: bool = False) -> "ModelCost":
+        """``fp8_experts``: the experts are read at one byte a weight (quantization=fp8)."""
         h, layers = arch.hidden_size, arch.num_layers
         q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
         moe = len(arch.moe_layers)
@@ -90,7 +91,7 @@ class ModelCost:
         return ModelCost(weight_bytes=read * dtype_bytes, flops_per_token=2.0 * touched,
                          kv_bytes_per_token=2.0 * layers * kv * dtype_bytes,
                          attn_flops_per_pair=4.0 * layers * q,
-                         expert_bytes=moe * expert * dtype_bytes,
+                         expert_bytes=moe * expert * (1 if fp8_experts else dtype_bytes),
                          num_experts=arch.num_experts if moe else 0,
                          experts_per_token=arch.num_experts_per_tok if moe else 0,
                          expert_flops_per_token=2.0 * moe * arch.num_experts_per_tok * expert)

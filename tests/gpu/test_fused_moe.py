@@ -19,7 +19,7 @@ from tests.gpu.numerics import CUDA, kernel_device, rel_err
 RUNS_IN_TRITON_INTERPRETER = True  # tests/gpu/conftest.py runs this module on CPU then
 DEV = kernel_device()  # skips this module where kernels cannot run
 
-from bullet_trt.kernels import moe_tiles  # noqa: E402
+from bullet_trt.kernels import fp8_blocks, moe_tiles  # noqa: E402
 from bullet_trt.kernels import reference as ref  # noqa: E402
 from bullet_trt.kernels import triton_moe as tmoe  # noqa: E402
 from bullet_trt.model.transformer import NO_EXPERT, unrouted_past  # noqa: E402
@@ -31,6 +31,9 @@ TOL = {FP32: 1e-4, BF16: 1e-2 if CUDA else 2e-2}
 # (hidden, inter, experts, top k)
 LAYER = (2048, 768, 128, 8) if CUDA else (64, 32, 16, 4)
 DECODE_TOKENS = (1, 7, 64, 256) if CUDA else (1, 5)
+# FP8 experts on CPU: dims past one 128-wide scale block, inter not a multiple of it (the up's
+# scale rows start mid-way through what would be a block of the stack)
+FP8_LAYER = LAYER if CUDA else (256, 160, 8, 2)
 PREFILL_TOKENS = (1000, 4096) if CUDA else (40,)
 
 
@@ -72,6 +75,35 @@ def test_fused_moe_matches_reference(dtype, tokens):
     check(tmoe.fused_moe(x, w_gate_up, w_down, weights, ids), want(x, w_gate_up, w_down, weights, ids), dtype)
 
 
+def fp8_layer(hidden, inter, experts):
+    """An FP8 layer (fp8_blocks) and the bf16 weights its blocks stand for. Rows and columns of
+    different sizes give each block its own scale, so a block read with another's shows."""
+    w_gate_up, w_down, router = layer(BF16, hidden, inter, experts)
+    w_gate_up = (w_gate_up.float() * torch.linspace(0.25, 4.0, 2 * inter, device=DEV)[:, None]).to(BF16)
+    w_down = (w_down.float() * torch.linspace(4.0, 0.25, inter, device=DEV)).to(BF16)
+    (q_gate_up, s_gate_up), (q_down, s_down) = fp8_blocks.quantize_gate_up(w_gate_up), fp8_blocks.quantize(w_down)
+    fp8 = dict(w_gate_up=q_gate_up, w_down=q_down, gate_up_scale=s_gate_up, down_scale=s_down)
+    dequantized = (fp8_blocks.dequantize_gate_up(q_gate_up, s_gate_up, FP32),
+                   fp8_blocks.dequantize(q_down, s_down, FP32))
+    return fp8, dequantized, router
+
+
+def fp8_moe(x, fp8, weights, ids):
+    return tmoe.fused_moe(x, fp8["w_gate_up"], fp8["w_down"], weights, ids,
+                          gate_up_scale=fp8["gate_up_scale"], down_scale=fp8["down_scale"])
+
+
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+@pytest.mark.parametrize("tokens", DECODE_TOKENS + PREFILL_TOKENS)
+def test_fp8_experts_compute_their_dequantized_weights(dtype, tokens):
+    """Weights read as FP8 blocks and scaled per block inside the kernel: the reference over
+    the weights the blocks stand for (fp32 activations check the scales' indexing tightly)."""
+    hidden, inter, experts, top_k = FP8_LAYER
+    fp8, (w_gate_up, w_down), router = fp8_layer(hidden, inter, experts)
+    x, weights, ids = routed(tokens, hidden, router.to(dtype), top_k)
+    check(fp8_moe(x, fp8, weights, ids), want(x, w_gate_up, w_down, weights, ids), dtype)
+
+
 def tiles_to_check():
     """Both untuned forms and every distinct tile of the tuned tables: whichever one a token
     count picks on whichever GPU computes the same."""
@@ -89,6 +121,15 @@ def test_every_tile_matches_reference(tile):
     x, weights, ids = routed(DECODE_TOKENS[-1], hidden, router, top_k)
     tmoe.MOE_TILE_OVERRIDE = tile
     check(tmoe.fused_moe(x, w_gate_up, w_down, weights, ids), want(x, w_gate_up, w_down, weights, ids), BF16)
+
+
+@pytest.mark.parametrize("tile", tiles_to_check(), ids=lambda t: "m{BLOCK_M}n{BLOCK_N}k{BLOCK_K}g{GROUP_M}w{num_warps}s{num_stages}".format(**t))
+def test_every_tile_computes_fp8_experts(tile):
+    hidden, inter, experts, top_k = FP8_LAYER
+    fp8, (w_gate_up, w_down), router = fp8_layer(hidden, inter, experts)
+    x, weights, ids = routed(DECODE_TOKENS[-1], hidden, router, top_k)
+    tmoe.MOE_TILE_OVERRIDE = tile
+    check(fp8_moe(x, fp8, weights, ids), want(x, w_gate_up, w_down, weights, ids), BF16)
 
 
 def test_a_rank_holding_an_expert_range_computes_its_share():
@@ -177,6 +218,26 @@ def test_fused_moe_inside_a_cuda_graph_follows_new_routing(tokens):
         seen.add(tuple(ids.flatten().tolist()))
         check(out, want(x, w_gate_up, w_down, weights, ids), BF16)
     assert len(seen) == 3  # every replay routed differently
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_fp8_experts_inside_a_cuda_graph_follow_new_routing():
+    hidden, inter, experts, top_k = FP8_LAYER
+    fp8, (w_gate_up, w_down), router = fp8_layer(hidden, inter, experts)
+    x = torch.zeros(64, hidden, dtype=BF16, device=DEV)
+
+    def step():
+        weights, ids = tmoe.moe_route(x @ router.t(), top_k, True)
+        return fp8_moe(x, fp8, weights, ids)
+
+    x.copy_(torch.randn_like(x))
+    replay, out = captured(step)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        replay()
+        torch.cuda.synchronize()
+        weights, ids = ref.moe_route(x @ router.t(), top_k, True)
+        check(out, want(x, w_gate_up, w_down, weights, ids), BF16)
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")

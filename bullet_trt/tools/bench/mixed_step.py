@@ -199,7 +199,7 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         graphs.capture_all()
-    cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size())
+    cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size(), state.fp8_experts)
     rate = gemm_tflops(stream)
 
     def eager_and_graphed(items: list[BatchItem]) -> tuple[float, float]:

@@ -24,6 +24,9 @@ rate over its FLOPs (routed experts only).
 The kernels take their tiles from the tuned table of the GPU and layer shape where there is
 one (`bullet-trt bench moe-tune` measures it), so the layer table times what serving runs.
 
+--fp8-experts: the layers' experts as FP8 blocks (kernels/fp8_blocks.py; their bytes counted at
+one a weight plus the scales) and the engine served with quantization=fp8.
+
     bullet-trt bench moe [--engine-dir engines/qwen3-30b-a3b] [--json out.json]
     bash scripts/gpu_run.sh bench moe     # on a GPU machine: builds the dummy engine first
 
@@ -57,28 +60,37 @@ def moe_arch(name: str):
     return arch
 
 
-def moe_layers(arch, count: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(gate_up, down, router) of `count` layers, random, on the GPU."""
+def moe_layers(arch, count: int, fp8: bool = False) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]]:
+    """(gate_up, down, router, the FP8 weights' scales or {}) of `count` layers, random, on the GPU."""
+    from bullet_trt.kernels import fp8_blocks
+
     e, h, inter = arch.num_experts, arch.hidden_size, arch.moe_intermediate_size
 
     def normal(*shape, std):
         return torch.empty(*shape, dtype=DTYPE, device="cuda").normal_(0.0, std)
 
-    return [(normal(e, 2 * inter, h, std=h ** -0.5), normal(e, h, inter, std=inter ** -0.5),
-             normal(e, h, std=h ** -0.5)) for _ in range(count)]
+    layers = []
+    for _ in range(count):
+        w_gate_up, w_down = normal(e, 2 * inter, h, std=h ** -0.5), normal(e, h, inter, std=inter ** -0.5)
+        scales = {}
+        if fp8:
+            (w_gate_up, scales["gate_up_scale"]), (w_down, scales["down_scale"]) = (
+                fp8_blocks.quantize_gate_up(w_gate_up), fp8_blocks.quantize(w_down))
+        layers.append((w_gate_up, w_down, normal(e, h, std=h ** -0.5), scales))
+    return layers
 
 
 def run_layers(ops, layers, x: torch.Tensor, top_k: int, renormalize: bool) -> torch.Tensor:
     out = x
-    for w_gate_up, w_down, router in layers:
+    for w_gate_up, w_down, router, scales in layers:
         weights, ids = ops.moe_route(x @ router.t(), top_k, renormalize)
-        out = ops.fused_moe(x, w_gate_up, w_down, weights, ids)
+        out = ops.fused_moe(x, w_gate_up, w_down, weights, ids, **scales)
     return out
 
 
 def experts_hit(ops, layers, x: torch.Tensor, top_k: int, renormalize: bool) -> list[int]:
-    return [int(ops.moe_route(x @ router.t(), top_k, renormalize)[1].unique().numel())
-            for _, _, router in layers]
+    return [int(ops.moe_route(x @ layer[2].t(), top_k, renormalize)[1].unique().numel())
+            for layer in layers]
 
 
 def graphed(fn, stream=None):
@@ -97,12 +109,13 @@ def graphed(fn, stream=None):
 
 
 def layer_table(arch, num_layers: int, batches: list[int], prefill_tokens: list[int], bw: float,
-                rate: float) -> dict:
+                rate: float, fp8: bool = False) -> dict:
     from bullet_trt.kernels import triton_ops as ops
 
     h, inter, k = arch.hidden_size, arch.moe_intermediate_size, arch.num_experts_per_tok
-    expert_bytes = 3 * h * inter * 2
-    layers = moe_layers(arch, num_layers)
+    # an FP8 expert: a byte a weight, and a float32 scale per 128 x 128 block
+    expert_bytes = 3 * h * inter * (1 + 4 / 128 ** 2) if fp8 else 3 * h * inter * 2
+    layers = moe_layers(arch, num_layers, fp8)
     out: dict = {"decode": [], "prefill": []}
     for batch in batches:
         x = torch.randn(batch, h, device="cuda").to(DTYPE)
@@ -120,7 +133,7 @@ def layer_table(arch, num_layers: int, batches: list[int], prefill_tokens: list[
         ms = do_bench(lambda: run_layers(ops, layers, x, k, arch.norm_topk_prob))
         rows = torch.randn(tokens * k, h, device="cuda").to(DTYPE)
         acts = torch.randn(tokens * k, inter, device="cuda").to(DTYPE)
-        w1, w2 = layers[0][0][0].t(), layers[0][1][0].t()  # (h, 2 * inter), (inter, h)
+        w1, w2 = (w[0].to(DTYPE).t() for w in layers[0][:2])  # (h, 2 * inter), (inter, h), as bf16
         dense_ms = do_bench(lambda: (rows @ w1, acts @ w2))
         ours = flops / ms / 1e9
         row = {"tokens": tokens, "ms_per_layer": round(ms / num_layers, 4), "TFLOPs": round(ours, 1),
@@ -135,7 +148,7 @@ def layer_table(arch, num_layers: int, batches: list[int], prefill_tokens: list[
 # -- the engine ---------------------------------------------------------------------------------
 
 def engine_table(engine_dir: str, batch: int, ctx: int, prefill_tokens: int, memory_fraction: float,
-                 bw: float, rate: float) -> dict:
+                 bw: float, rate: float, fp8: bool = False) -> dict:
     from bullet_trt.config import load_engine_config
     from bullet_trt.engine.sampling import SamplingParams
     from bullet_trt.engine.session import BatchItem, TorchSession
@@ -144,7 +157,8 @@ def engine_table(engine_dir: str, batch: int, ctx: int, prefill_tokens: int, mem
     from bullet_trt.spatial.calibrate import time_ms
     from bullet_trt.spatial.perf_model import ModelCost, PrefillShape
 
-    cfg = load_engine_config(engine_dir, {"kv.gpu_memory_fraction": memory_fraction})
+    cfg = load_engine_config(engine_dir, {"kv.gpu_memory_fraction": memory_fraction,
+                                          **({"quantization": "fp8"} if fp8 else {})})
     state, model = build_shared_state(cfg, share=False)
     state.kv_pool.normal_()
     arch = state.arch
@@ -187,8 +201,8 @@ def engine_table(engine_dir: str, batch: int, ctx: int, prefill_tokens: int, mem
     stream = torch.cuda.current_stream()
     decode_ms = time_ms(lambda: session.run(decode), stream, repeats=10)
     prefill_ms = time_ms(lambda: session.run(prefill), stream, repeats=3)
-    cost = ModelCost.from_arch(arch, state.kv_pool.element_size())
-    one_expert = 3 * arch.hidden_size * arch.moe_intermediate_size * state.kv_pool.element_size()
+    cost = ModelCost.from_arch(arch, state.kv_pool.element_size(), state.fp8_experts)
+    one_expert = cost.expert_bytes / len(arch.moe_layers)
     kv = cost.kv_bytes_per_token * batch * ctx
     routed = cost.weight_bytes + sum(hits) * one_expert + kv
     modelled = cost.step_weight_bytes(batch) + kv
@@ -207,10 +221,11 @@ def engine_table(engine_dir: str, batch: int, ctx: int, prefill_tokens: int, mem
     return row
 
 
-def markdown(result: dict, arch_name: str, layers: int) -> str:
+def markdown(result: dict, arch_name: str, layers: int, fp8: bool = False) -> str:
     lines = [f"copy {result['copy_GBps']} GB/s, bf16 GEMM {result['gemm_TFLOPs']} TFLOP/s", ""]
     if "layers" in result:
-        lines += [f"{arch_name} MoE layers ({layers} distinct, bf16), decode as a CUDA graph",
+        experts = "FP8 experts, bf16 activations" if fp8 else "bf16"
+        lines += [f"{arch_name} MoE layers ({layers} distinct, {experts}), decode as a CUDA graph",
                   "", "| decode rows | experts hit / layer | ms / layer | GB/s of routed experts | of copy BW |",
                   "|---|---|---|---|---|"]
         lines += [f"| {r['batch']} | {r['experts_hit_per_layer']} | {r['ms_per_layer']} | {r['GBps']} | "
@@ -240,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-tokens", type=int, default=4096, help="engine prefill tokens")
     ap.add_argument("--memory-fraction", type=float, default=0.9,
                     help="the engine's kv.gpu_memory_fraction (its weights are most of the GPU)")
+    ap.add_argument("--fp8-experts", action="store_true",
+                    help="the experts as FP8 blocks: in the layer table, and the engine with quantization=fp8")
     ap.add_argument("--json", help="write every table's rows here")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -251,15 +268,17 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result), flush=True)
     if args.engine_dir:  # first: the engine's weights need the memory the layers would hold
         result["engine"] = engine_table(args.engine_dir, args.batch, args.ctx, args.prefill_tokens,
-                                        args.memory_fraction, result["copy_GBps"], result["gemm_TFLOPs"])
+                                        args.memory_fraction, result["copy_GBps"], result["gemm_TFLOPs"],
+                                        args.fp8_experts)
         gc.collect()  # the engine's weights and graphs, before the layers take their memory
         torch.cuda.empty_cache()
     if not args.no_layers:
         batches = [int(b) for b in args.batches.split(",") if b]
         tokens = [int(t) for t in args.prefill_tokens_list.split(",") if t]
         result["layers"] = layer_table(arch, args.layers, batches, tokens, result["copy_GBps"],
-                                       result["gemm_TFLOPs"])
-    print(markdown(result, args.arch, args.layers))
+                                       result["gemm_TFLOPs"], args.fp8_experts)
+    result["fp8_experts"] = args.fp8_experts
+    print(markdown(result, args.arch, args.layers, args.fp8_experts))
     write_json(args.json, result)
     return 0
 

@@ -90,7 +90,7 @@ def time_tiles(arch, tokens_list: list[int], tiles: list[dict], stream=None) -> 
     from bullet_trt.tools.bench.kernel_bench import do_bench
     from bullet_trt.tools.bench.moe_bench import DTYPE, graphed, moe_layers
 
-    (w_gate_up, w_down, router), = moe_layers(arch, 1)
+    (w_gate_up, w_down, router, _), = moe_layers(arch, 1)
     k = arch.num_experts_per_tok
     out = []
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():

@@ -1,0 +1,173 @@
+"""FP8 experts (quantization=fp8): the block format against a plain loop over the blocks, the
+model against transformers holding the block-dequantized experts, and the engines (chunked,
+bullet's worker processes, two tensor-parallel ranks) against one process with those weights.
+The Triton kernel's FP8 path is tests/gpu/test_fused_moe.py's (the Triton interpreter on CPU)."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from bullet_trt.config import ConfigError, EngineConfig
+from bullet_trt.engine.sampling import SamplingParams
+from bullet_trt.kernels import fp8_blocks
+from bullet_trt.model.arch import ModelArch
+from bullet_trt.model.expert_weights import is_expert_tensor
+from bullet_trt.model.loader import load_checkpoint
+from bullet_trt.model.transformer import CausalLM
+from bullet_trt.serving.llm import LLM
+from bullet_trt.tools.build import build_from_checkpoint
+from tests.test_engine import engine_dir_for, prompts
+from tests.test_model import hf_logits, max_diff, new_kv, prompt, step, table_for
+
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+SEEDED = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=11, ignore_eos=True)
+FP8 = {"quantization": "fp8"}
+
+
+def blockwise_by_loop(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The format written out block by block: scale = amax / 448, q = w / scale in E4M3."""
+    rows, cols = w.shape
+    rb, cb = -(-rows // 128), -(-cols // 128)
+    q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+    scale = torch.empty(rb, cb)
+    for i in range(rb):
+        for j in range(cb):
+            block = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128].float()
+            s = block.abs().max() / 448.0
+            scale[i, j] = s
+            q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = (block / s).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+@pytest.mark.parametrize("shape", [(256, 384), (200, 130), (64, 32)])
+def test_blocks_match_a_loop_over_them(shape):
+    w = torch.randn(*shape) * torch.linspace(0.1, 3.0, shape[1])  # columns of different sizes
+    q, scale = fp8_blocks.quantize(w)
+    want_q, want_scale = blockwise_by_loop(w)
+    assert scale.shape == want_scale.shape == fp8_blocks.scale_shape(*shape)
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    back = fp8_blocks.dequantize(q, scale, torch.float32)
+    # E4M3 keeps 3 mantissa bits (half an ulp: 1/16 of a value, at most), and below 2^-6 steps
+    # of 2^-9: in units of the block's scale
+    per_weight = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:shape[0], :shape[1]]
+    assert ((back - w).abs() <= w.abs() / 16 + per_weight * 2.0 ** -10 * 1.001).all()
+    assert ((back - w).norm() / w.norm()).item() < 0.04
+    # the largest weight of each block lands on E4M3's largest value
+    assert q.float().abs().max().item() == 448.0
+
+
+def test_gate_and_up_quantize_apart():
+    """A stacked gate-and-up tensor keeps each half's blocks, whatever inter is (here 100: the
+    gate's last block and the up's first would share rows if the stack were cut in 128s)."""
+    inter, hidden = 100, 96
+    gate, up = torch.randn(3, inter, hidden), 50 * torch.randn(3, inter, hidden)
+    q, scale = fp8_blocks.quantize_gate_up(torch.cat([gate, up], dim=1))
+    assert scale.shape == (3, 2, 1)
+    for e in range(3):
+        assert torch.equal(scale[e, :1], blockwise_by_loop(gate[e])[1])
+        assert torch.equal(scale[e, 1:], blockwise_by_loop(up[e])[1])
+    back = fp8_blocks.dequantize_gate_up(q, scale, torch.float32)
+    assert ((back[:, :inter] - gate).norm() / gate.norm()).item() < 0.04
+    assert ((back[:, inter:] - up).norm() / up.norm()).item() < 0.04
+
+
+def fp8_model(path) -> CausalLM:
+    model = CausalLM(ModelArch.from_checkpoint(path), torch.float32, "cpu", fp8_experts=True)
+    load_checkpoint(model, path, torch.float32)
+    return model
+
+
+def dequantized_copy(path, dst):
+    """The checkpoint at ``path`` with every expert tensor replaced by its FP8 blocks read back:
+    the model an FP8 server computes, for transformers and the bf16 path to run."""
+    shutil.copytree(path, dst)
+    arch = ModelArch.from_checkpoint(path)
+    tensors = load_file(dst / "model.safetensors")
+    for name, w in tensors.items():
+        if is_expert_tensor(name, arch.moe_layers, arch.num_experts):
+            tensors[name] = fp8_blocks.dequantize(*fp8_blocks.quantize(w), w.dtype)
+    save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+@pytest.mark.parametrize("variant", ["qwen3_moe", "qwen3_moe-mixed"])
+def test_fp8_experts_match_transformers_on_the_dequantized_experts(checkpoint, variant, tmp_path):
+    path = checkpoint(variant)
+    model, ids = fp8_model(path), prompt(21, seed=4)
+    got = step(model, new_kv(model, 8, 16), [(ids, 0, table_for(21, 16, first=3))], 16)[0]
+    want = hf_logits(dequantized_copy(path, tmp_path / "dequantized"), ids)
+    assert max_diff(got, want) <= 1e-4
+    # and the quantization is not a no-op: the bf16 experts' logits differ by far more
+    assert max_diff(want, hf_logits(path, ids)) > 1e-2
+
+
+def test_stacked_checkpoint_quantizes_as_the_per_expert_one(checkpoint, tmp_path):
+    path = checkpoint("qwen3_moe")
+    want = fp8_model(path).state_dict()
+    stacked = CausalLM(ModelArch.from_checkpoint(path), torch.float32, "cpu")
+    load_checkpoint(stacked, path, torch.float32)
+    dst = tmp_path / "stacked"
+    shutil.copytree(path, dst)
+    save_file({k: v.contiguous() for k, v in stacked.state_dict().items()}, dst / "model.safetensors")
+    got = fp8_model(dst).state_dict()
+    assert got.keys() == want.keys()
+    for k in want:
+        a, b = got[k], want[k]
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.dtype == fp8_blocks.FP8 \
+            else torch.equal(a, b), k
+
+
+def test_dummy_fp8_experts_are_the_dummy_experts_quantized(checkpoint):
+    arch = ModelArch.from_checkpoint(checkpoint("qwen3_moe"))
+    plain, fp8 = CausalLM(arch, torch.float32, "cpu"), CausalLM(arch, torch.float32, "cpu", fp8_experts=True)
+    plain.init_random_weights(5)
+    fp8.init_random_weights(5)
+    for layer_plain, layer_fp8 in zip(plain.model.layers, fp8.model.layers):
+        e, f = layer_plain.mlp.experts, layer_fp8.mlp.experts
+        q, s = fp8_blocks.quantize_gate_up(e.gate_up_proj)
+        assert torch.equal(q.view(torch.uint8), f.gate_up_proj.view(torch.uint8)) and torch.equal(s, f.gate_up_scale)
+        q, s = fp8_blocks.quantize(e.down_proj)
+        assert torch.equal(q.view(torch.uint8), f.down_proj.view(torch.uint8)) and torch.equal(s, f.down_scale)
+        assert torch.equal(layer_plain.self_attn.q_proj.weight, layer_fp8.self_attn.q_proj.weight)  # as it was
+
+
+@pytest.fixture(scope="module")
+def moe_engines(tmp_path_factory):
+    """(engine over the checkpoint, engine over its block-dequantized copy)."""
+    engine, ckpt = engine_dir_for(tmp_path_factory, "qwen3_moe")
+    root = tmp_path_factory.mktemp("dequantized")
+    copy = dequantized_copy(ckpt, root / "ckpt")
+    return engine, build_from_checkpoint(copy, root / "engine", max_model_len=256, dtype="float32")
+
+
+def tokens(engine, **overrides):
+    batch = prompts(4, seed=9)
+    with LLM(str(engine), **overrides) as llm:
+        out = [c.token_ids for c in llm.generate_token_ids(batch, [GREEDY, SEEDED, GREEDY, SEEDED])]
+        stats = llm.engine.stats()
+    assert stats.kv_blocks_free == stats.kv_blocks_total
+    return out
+
+
+@pytest.mark.parametrize("overrides", [
+    {"serve.mode": "chunked"},
+    {"serve.mode": "bullet"},  # the workers attach the FP8 weights the engine process loaded
+    {"serve.mode": "chunked", "parallel.tensor_parallel_size": 2},  # each rank quantizes its experts
+], ids=["chunked", "bullet", "tp2"])
+def test_engines_serve_the_dequantized_model(moe_engines, overrides):
+    fp8_engine, dequantized_engine = moe_engines
+    assert tokens(fp8_engine, **FP8, **overrides) == tokens(dequantized_engine, **{"serve.mode": "chunked"})
+
+
+def test_quantization_errors_name_the_field(checkpoint, tmp_path):
+    with pytest.raises(ConfigError, match="quantization must be none or fp8, got 'int4'"):
+        EngineConfig(quantization="int4").validate()
+    dense = tmp_path / "dense"
+    shutil.copytree(checkpoint("llama"), dense)
+    engine = build_from_checkpoint(dense, tmp_path / "engine", max_model_len=256, dtype="float32")
+    with pytest.raises(ValueError, match="quantization=fp8.*no MoE layers"):
+        LLM(str(engine), **FP8)
