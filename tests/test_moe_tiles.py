@@ -172,3 +172,26 @@ def test_the_benches_take_an_moe_preset_and_refuse_others_naming_the_flag():
         moe_arch("llama-3.1-8b")
     with pytest.raises(SystemExit, match="--arch must be one of"):
         moe_arch("no-such-model")
+
+
+def test_fp8_experts_have_a_table_of_their_own(tmp_path):
+    """A table tuned with FP8 experts (bench moe-tune --fp8-experts) is found by FP8 weights' lookup
+    only: the bf16 experts' kernels keep theirs, and the other way round."""
+    fp8_layer = {**LAYER, "dtype": "float8_e4m3fn"}
+    assert moe_tune.layer_shape(type("A", (), dict(num_experts=128, moe_intermediate_size=768, hidden_size=2048,
+                                                    num_experts_per_tok=8)), fp8=True) == fp8_layer
+    table = moe_tune.merge([{**part("NVIDIA H200", [{"tokens": 512, "tile": MID, "ms": 0.3}], {512: SMALL}),
+                             "layer": fp8_layer}])
+    path = moe_tune.write_table(table, str(tmp_path))
+    assert path.name == "E=128,N=768,H=2048,top_k=8,dtype=float8_e4m3fn,device=NVIDIA_H200.json"
+    assert moe_tiles.tables_of("NVIDIA H200", 128, 768, 2048, 8, "float8_e4m3fn", tmp_path) == {None: path.name}
+    assert moe_tiles.tables_of("NVIDIA H200", 128, 768, 2048, 8, "bfloat16", tmp_path) == {}
+
+
+def test_the_swapped_form_is_kept_in_a_table_and_searched_for_fp8_only():
+    assert moe_tiles.check_tile({**SMALL, "SWAP_AB": 1}, "t") == {**SMALL, "SWAP_AB": 1}
+    assert moe_tiles.check_tile({**SMALL, "SWAP_AB": 0}, "t") == SMALL
+    with pytest.raises(ValueError, match="SWAP_AB"):
+        moe_tiles.check_tile({**SMALL, "SWAP_AB": 2}, "t")
+    plain, both = moe_tune.tile_space(), moe_tune.tile_space(swapped=True)
+    assert len(both) == 2 * len(plain) and sum("SWAP_AB" in t for t in both) == len(plain)

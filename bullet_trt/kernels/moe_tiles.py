@@ -22,6 +22,8 @@ from pathlib import Path
 
 TABLES_DIR = Path(__file__).with_name("moe_tile_tables")
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+# optional: 1 runs the tile's product with the operands swapped (triton_moe's SWAP_AB); absent: 0
+SWAP_AB = "SWAP_AB"
 
 
 def table_name(device_name: str, num_experts: int, inter: int, hidden: int, top_k: int, dtype: str,
@@ -95,7 +97,9 @@ def check_tile(tile: dict, where: str) -> dict:
     for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
         if tile[key] < 16 or tile[key] & (tile[key] - 1):
             raise ValueError(f"{where}: {key} must be a power of two >= 16, got {tile[key]}")
-    return {key: tile[key] for key in TILE_KEYS}
+    if tile.get(SWAP_AB, 0) not in (0, 1):
+        raise ValueError(f"{where}: {SWAP_AB} must be 0 or 1, got {tile[SWAP_AB]!r}")
+    return {key: tile[key] for key in TILE_KEYS} | ({SWAP_AB: 1} if tile.get(SWAP_AB) else {})
 
 
 def parse_table(data: dict, where: str) -> tuple[tuple[int, dict], ...]:

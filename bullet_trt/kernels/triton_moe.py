@@ -171,6 +171,28 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_local_experts
     return sorted_ids, block_expert, num_padded
 
 
+@triton.jit
+def _product(a, b, SWAP_AB: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """One step's tile product: a @ b, or with SWAP_AB, where the tiles were loaded transposed
+    (a^T, b^T), b^T @ a^T, the weights then being the dot's first operand."""
+    if SWAP_AB:
+        c = mm(b, a, PREC, UPCAST)
+    else:
+        c = mm(a, b, PREC, UPCAST)
+    return c
+
+
+@triton.jit
+def _scaled_product(a, b, s, SWAP_AB: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """_product of FP8 weights ``b``, converted to a's dtype, each column scaled by ``s``."""
+    c = _product(a, b.to(a.dtype), SWAP_AB, PREC, UPCAST)
+    if SWAP_AB:
+        c = c * s[:, None]
+    else:
+        c = c * s[None, :]
+    return c
+
+
 # num_valid and num_rows change with the batch: kept out of Triton's specialization so that a
 # new batch size compiles nothing (see triton_ops on specialization).
 @triton.jit(do_not_specialize=["num_valid", "num_rows"])
@@ -178,7 +200,7 @@ def _moe_gemm_kernel(A, B, C, W, S, SORTED, BLOCK_EXPERT, NUM_PADDED,
                      N, K, num_valid, num_rows, stride_am, stride_be, stride_bn, stride_cm,
                      stride_se, stride_sn,
                      A_ROWS_PER_ID: tl.constexpr, GATE_UP: tl.constexpr, WEIGHTED: tl.constexpr,
-                     FP8_BLOCK: tl.constexpr,
+                     FP8_BLOCK: tl.constexpr, SWAP_AB: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_M: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     """C[id] = A[id // A_ROWS_PER_ID] @ B[expert]^T for the sorted ids of one block: with
@@ -186,7 +208,9 @@ def _moe_gemm_kernel(A, B, C, W, S, SORTED, BLOCK_EXPERT, NUM_PADDED,
     C is scaled by W[id]. Last dims are contiguous. FP8_BLOCK > 0: B is FP8 with a float32
     scale S per FP8_BLOCK x FP8_BLOCK block (fp8_blocks.py; the up's scale rows follow the
     gate's); each BLOCK_K step lies in one block (BLOCK_K divides FP8_BLOCK), so its product
-    is scaled per column once."""
+    is scaled per column once. SWAP_AB computes C^T = B A^T: the weights, which FP8 converts in
+    registers, become the dot's first operand (Hopper's wgmma reads that one from registers,
+    the second only from shared memory), and a block's few rows its narrow side."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(num_rows, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -208,35 +232,47 @@ def _moe_gemm_kernel(A, B, C, W, S, SORTED, BLOCK_EXPERT, NUM_PADDED,
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     k = tl.arange(0, BLOCK_K)
-    a_ptrs = A + rows[:, None] * stride_am + k[None, :]
-    b_ptrs = B + expert * stride_be + cols.to(tl.int64)[None, :] * stride_bn + k[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:  # the tiles transposed: A^T (BLOCK_K, BLOCK_M), B (BLOCK_N, BLOCK_K)
+        a_ptrs = A + rows[None, :] * stride_am + k[:, None]
+        b_ptrs = B + expert * stride_be + cols.to(tl.int64)[:, None] * stride_bn + k[None, :]
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        a_ptrs = A + rows[:, None] * stride_am + k[None, :]
+        b_ptrs = B + expert * stride_be + cols.to(tl.int64)[None, :] * stride_bn + k[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if FP8_BLOCK:
         s_ptrs = S + expert * stride_se + (cols // FP8_BLOCK) * stride_sn
         # the up's scale rows start after the gate's ceil(N / FP8_BLOCK)
         s_up_ptrs = s_ptrs + tl.cdiv(N, FP8_BLOCK) * stride_sn
     for k0 in range(0, K, BLOCK_K):
         kmask = k < K - k0
-        a = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
-        b_mask = kmask[:, None] & cmask[None, :]
+        if SWAP_AB:
+            a = tl.load(a_ptrs, mask=kmask[:, None] & valid[None, :], other=0.0)
+            b_mask = cmask[:, None] & kmask[None, :]
+        else:
+            a = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
+            b_mask = kmask[:, None] & cmask[None, :]
         b = tl.load(b_ptrs, mask=b_mask, other=0.0)
         if FP8_BLOCK:
             s = tl.load(s_ptrs + k0 // FP8_BLOCK, mask=cmask, other=0.0)
-            acc += mm(a, b.to(a.dtype), DOT_PREC, UPCAST) * s[None, :]
+            acc += _scaled_product(a, b, s, SWAP_AB, DOT_PREC, UPCAST)
         else:
-            acc += mm(a, b, DOT_PREC, UPCAST)
+            acc += _product(a, b, SWAP_AB, DOT_PREC, UPCAST)
         if GATE_UP:
             b_up = tl.load(b_ptrs + N * stride_bn, mask=b_mask, other=0.0)
             if FP8_BLOCK:
                 s_up = tl.load(s_up_ptrs + k0 // FP8_BLOCK, mask=cmask, other=0.0)
-                acc_up += mm(a, b_up.to(a.dtype), DOT_PREC, UPCAST) * s_up[None, :]
+                acc_up += _scaled_product(a, b_up, s_up, SWAP_AB, DOT_PREC, UPCAST)
             else:
-                acc_up += mm(a, b_up, DOT_PREC, UPCAST)
+                acc_up += _product(a, b_up, SWAP_AB, DOT_PREC, UPCAST)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if GATE_UP:
         acc = acc * tl.sigmoid(acc) * acc_up
+    if SWAP_AB:
+        acc = tl.trans(acc)
     if WEIGHTED:
         acc = acc * tl.load(W + ids, mask=valid, other=0.0).to(tl.float32)[:, None]
     tl.store(C + ids.to(tl.int64)[:, None] * stride_cm + cols[None, :], acc.to(C.dtype.element_ty),
@@ -247,6 +283,7 @@ def _gemm(a, b, c, weights, scales, sorted_ids, block_expert, num_padded, num_va
           gate_up, cfg, prec):
     cfg = dict(cfg)
     bm, bn, bk, gm = (cfg.pop(key) for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
+    swap_ab = bool(cfg.pop("SWAP_AB", 0))
     n = b.shape[1] // 2 if gate_up else b.shape[1]
     num_rows = sorted_ids.shape[0]
     grid = (triton.cdiv(num_rows, bm) * triton.cdiv(n, bn),)
@@ -258,7 +295,7 @@ def _gemm(a, b, c, weights, scales, sorted_ids, block_expert, num_padded, num_va
         a, b, c, weights, s, sorted_ids, block_expert, num_padded, n, b.shape[2], num_valid, num_rows,
         a.stride(0), b.stride(0), b.stride(1), c.stride(0), s.stride(0), s.stride(1),
         A_ROWS_PER_ID=a_rows_per_id, GATE_UP=gate_up, WEIGHTED=weights is not None and not gate_up,
-        FP8_BLOCK=fp8_block, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, DOT_PREC=prec,
+        FP8_BLOCK=fp8_block, SWAP_AB=swap_ab, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, DOT_PREC=prec,
         UPCAST=UPCAST_DOT, **cfg)
 
 

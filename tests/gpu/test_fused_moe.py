@@ -123,7 +123,23 @@ def test_every_tile_matches_reference(tile):
     check(tmoe.fused_moe(x, w_gate_up, w_down, weights, ids), want(x, w_gate_up, w_down, weights, ids), BF16)
 
 
-@pytest.mark.parametrize("tile", tiles_to_check(), ids=lambda t: "m{BLOCK_M}n{BLOCK_N}k{BLOCK_K}g{GROUP_M}w{num_warps}s{num_stages}".format(**t))
+SWAPPED = [{**tmoe.MOE_CONFIGS[(False, large)], moe_tiles.SWAP_AB: 1} for large in (False, True)]
+
+
+@pytest.mark.parametrize("tile", SWAPPED, ids=["small", "large"])
+def test_the_swapped_product_computes_the_same(tile):
+    """SWAP_AB (C^T = B A^T) for bf16 weights, at decode's and prefill's token counts."""
+    hidden, inter, experts, top_k = LAYER
+    w_gate_up, w_down, router = layer(BF16, hidden, inter, experts)
+    tmoe.MOE_TILE_OVERRIDE = tile
+    for tokens in (DECODE_TOKENS[-1], PREFILL_TOKENS[0]):
+        x, weights, ids = routed(tokens, hidden, router, top_k)
+        check(tmoe.fused_moe(x, w_gate_up, w_down, weights, ids), want(x, w_gate_up, w_down, weights, ids), BF16)
+
+
+@pytest.mark.parametrize("tile", tiles_to_check() + SWAPPED,
+                         ids=lambda t: "m{BLOCK_M}n{BLOCK_N}k{BLOCK_K}g{GROUP_M}w{num_warps}s{num_stages}".format(**t)
+                         + ("-swapped" if t.get(moe_tiles.SWAP_AB) else ""))
 def test_every_tile_computes_fp8_experts(tile):
     hidden, inter, experts, top_k = FP8_LAYER
     fp8, (w_gate_up, w_down), router = fp8_layer(hidden, inter, experts)

@@ -7,7 +7,8 @@ tile of the search space, captured in a CUDA graph as the decode step runs it, t
 Triton's bench (L2 flushed between runs). The fastest tile per token count is the table's row,
 next to the untuned tile's time (triton_moe.MOE_CONFIGS).
 
-The search space is 192 tiles; ``--shard I/N`` times every N-th of them from the I-th, so N
+The search space is 192 tiles (384 with --fp8-experts, each also with its operands swapped);
+``--shard I/N`` times every N-th of them from the I-th, so N
 GPUs of one machine share the work, each writing its timings with --json; ``--merge`` joins
 the parts (they must name the same GPU, layer and SM count) into the table:
 
@@ -20,6 +21,10 @@ split, or prefill's where decode never gets N), as a bullet worker runs its step
 is that partition's (``moe_tiles``: kernels planning for N SMs take it). Each row also carries
 the time of the tile the kernels took before the table (``before_ms``: on a partition, the
 nearest table's, the whole GPU's where it is the only one), so the table says what it gains.
+
+``--fp8-experts`` tunes the layer with its experts as FP8 blocks (quantization=fp8): a table of
+its own (dtype float8_e4m3fn in its name), which FP8 experts take; without one they run the
+untuned tiles.
 """
 from __future__ import annotations
 
@@ -35,13 +40,16 @@ from bullet_trt.tools.bench.json_output import write_json
 TOKENS = "1,8,16,32,64,96,128,192,256,320,384,448,512,640,768,1024,1536,2048,3072,4096,8192"
 
 
-def tile_space() -> list[dict]:
+def tile_space(swapped: bool = False) -> list[dict]:
     """Every tile tried: 16..128-row blocks (an expert sees from one row in small decode
     batches to hundreds in prefill), GROUP_M 1 or 8 (whether row blocks of one expert walk its
-    columns together, keeping its weights in L2 for the next block)."""
-    return [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, GROUP_M=g, num_warps=w, num_stages=s)
-            for m, n, k, g, w, s in itertools.product((16, 32, 64, 128), (32, 64, 128), (64, 128), (1, 8),
-                                                      (4, 8), (3, 4))]
+    columns together, keeping its weights in L2 for the next block); ``swapped``: each also with
+    its operands swapped (SWAP_AB; searched for FP8 experts, whose weights are converted in
+    registers before the product)."""
+    plain = [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, GROUP_M=g, num_warps=w, num_stages=s)
+             for m, n, k, g, w, s in itertools.product((16, 32, 64, 128), (32, 64, 128), (64, 128), (1, 8),
+                                                       (4, 8), (3, 4))]
+    return plain + [{**tile, moe_tiles.SWAP_AB: 1} for tile in plain] if swapped else plain
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -54,9 +62,10 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-def layer_shape(arch) -> dict:
+def layer_shape(arch, fp8: bool = False) -> dict:
+    """``dtype``: the experts' weights' (the activations are bf16 either way)."""
     return {"experts": arch.num_experts, "inter": arch.moe_intermediate_size, "hidden": arch.hidden_size,
-            "top_k": arch.num_experts_per_tok, "dtype": "bfloat16"}
+            "top_k": arch.num_experts_per_tok, "dtype": "float8_e4m3fn" if fp8 else "bfloat16"}
 
 
 def partition(sms: int):
@@ -79,9 +88,9 @@ def partition(sms: int):
     return part, part.stream(split), part.actual_sms(split)[0 if role == "prefill" else 1]
 
 
-def time_tiles(arch, tokens_list: list[int], tiles: list[dict], stream=None) -> list[dict]:
+def time_tiles(arch, tokens_list: list[int], tiles: list[dict], stream=None, fp8: bool = False) -> list[dict]:
     """{tokens, tile, ms} (or error) for every token count and tile, captured and replayed on
-    ``stream`` (an SM partition's) when given."""
+    ``stream`` (an SM partition's) when given; ``fp8``: the experts as FP8 blocks."""
     import contextlib
 
     import torch
@@ -90,7 +99,7 @@ def time_tiles(arch, tokens_list: list[int], tiles: list[dict], stream=None) -> 
     from bullet_trt.tools.bench.kernel_bench import do_bench
     from bullet_trt.tools.bench.moe_bench import DTYPE, graphed, moe_layers
 
-    (w_gate_up, w_down, router, _), = moe_layers(arch, 1)
+    (w_gate_up, w_down, router, scales), = moe_layers(arch, 1, fp8)
     k = arch.num_experts_per_tok
     out = []
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
@@ -102,7 +111,8 @@ def time_tiles(arch, tokens_list: list[int], tiles: list[dict], stream=None) -> 
                     triton_moe.MOE_TILE_OVERRIDE = tile
                     row = {"tokens": tokens, "tile": tile}
                     try:
-                        replay = graphed(lambda: triton_moe.fused_moe(x, w_gate_up, w_down, weights, ids), stream)
+                        replay = graphed(lambda: triton_moe.fused_moe(x, w_gate_up, w_down, weights, ids, **scales),
+                                         stream)
                         row["ms"] = round(do_bench(replay, warmup_ms=10, rep_ms=40), 5)
                     except Exception as e:  # noqa: BLE001 - a tile that does not fit the GPU is a result
                         row["error"] = str(e)[:160]
@@ -115,15 +125,16 @@ def time_tiles(arch, tokens_list: list[int], tiles: list[dict], stream=None) -> 
     return out
 
 
-def kernels_tiles(arch, tokens_list: list[int]) -> dict[int, dict]:
+def kernels_tiles(arch, tokens_list: list[int], fp8: bool = False) -> dict[int, dict]:
     """The tile each token count takes now, at the SM count the kernels plan for (the tables
     already there: on a partition, the nearest one's)."""
     import torch
 
-    from bullet_trt.kernels import triton_moe
+    from bullet_trt.kernels import fp8_blocks, triton_moe
 
+    weights = fp8_blocks.FP8 if fp8 else torch.bfloat16
     return {t: triton_moe.moe_config(torch.bfloat16, t, arch.num_experts_per_tok, arch.num_experts,
-                                     arch.moe_intermediate_size, arch.hidden_size, torch.device("cuda"))
+                                     arch.moe_intermediate_size, arch.hidden_size, torch.device("cuda"), weights)
             for t in tokens_list}
 
 
@@ -176,8 +187,9 @@ def markdown(table: dict) -> str:
         for key in ("untuned_ms", "before_ms"):
             ms = row.get(key)
             cells += [str(ms) if ms else "-", f"{ms / row['ms']:.2f}x" if ms else "-"]
+        swapped = ", swapped" if t.get(moe_tiles.SWAP_AB) else ""
         lines.append(f"| {row['tokens']} | {t['BLOCK_M']}, {t['BLOCK_N']}, {t['BLOCK_K']}, {t['GROUP_M']}, "
-                     f"{t['num_warps']}, {t['num_stages']} | {row['ms']} | " + " | ".join(cells) + " |")
+                     f"{t['num_warps']}, {t['num_stages']}{swapped} | {row['ms']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -189,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard", default="0/1", help="I/N: time every N-th tile from the I-th")
     ap.add_argument("--sms", type=int, help="tune on a green-context partition of this many SMs (default: "
                     "the whole GPU)")
+    ap.add_argument("--fp8-experts", action="store_true", help="tune the experts as FP8 blocks (quantization=fp8)")
     ap.add_argument("--json", help="write this shard's timings here (for --merge)")
     ap.add_argument("--merge", nargs="+", metavar="PART", help="join these shards' timings into the table")
     ap.add_argument("--out-dir", help="write the table (named by GPU and layer) into this directory")
@@ -217,7 +230,7 @@ def tune(args) -> dict:
     arch = moe_arch(args.arch)
     index, count = parse_shard(args.shard)
     tokens = [int(t) for t in args.tokens.split(",") if t]
-    tiles = tile_space()[index::count]
+    tiles = tile_space(swapped=args.fp8_experts)[index::count]
     part, stream, sms = None, None, None
     if args.sms is not None:
         part, stream, sms = partition(args.sms)
@@ -225,10 +238,10 @@ def tune(args) -> dict:
     where = f"on {sms} SMs" if sms is not None else "on the whole GPU"
     print(f"{torch.cuda.get_device_name()} {where}: {len(tiles)} tiles x {len(tokens)} token counts", flush=True)
     try:
-        result = {"device": torch.cuda.get_device_name(), "layer": layer_shape(arch), "sms": sms,
+        result = {"device": torch.cuda.get_device_name(), "layer": layer_shape(arch, args.fp8_experts), "sms": sms,
                   "tuned_on": time.strftime("%Y-%m-%d"), "shard": args.shard,
-                  "timings": time_tiles(arch, tokens, tiles, stream), "untuned": untuned_tiles(arch, tokens),
-                  "before": kernels_tiles(arch, tokens)}
+                  "timings": time_tiles(arch, tokens, tiles, stream, args.fp8_experts),
+                  "untuned": untuned_tiles(arch, tokens), "before": kernels_tiles(arch, tokens, args.fp8_experts)}
     finally:
         sm_budget.set_num_sms(None)
         if part is not None:
