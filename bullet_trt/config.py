@@ -193,8 +193,10 @@ class EngineConfig:
     untrained: bool = False
     dummy_weights: bool = False  # random weights made on the device; the checkpoint holds only config.json
     # "fp8": a mixture-of-experts model's experts held as FP8 blocks (one float32 scale per 128 x 128
-    # block), quantized as they load; the rest stays in `dtype` (docs/moe.md, "FP8 experts")
-    quantization: str = "none"
+    # block), quantized as they load, or kept as an FP8 checkpoint stores them; the rest in `dtype`.
+    # "auto": fp8 for an FP8 checkpoint of a mixture-of-experts model, else none; "none": every
+    # weight in `dtype` (an FP8 checkpoint's dequantized as it loads). docs/moe.md, "FP8 experts"
+    quantization: str = "auto"
     description: str = ""
     kv: KVCacheConfig = field(default_factory=KVCacheConfig)
     prefill: ProfileConfig = field(default_factory=lambda: ProfileConfig(
@@ -298,13 +300,9 @@ class EngineConfig:
                               f"{self.parallel.tensor_parallel_size}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.quantization not in ("none", "fp8"):
-            raise ConfigError(f"quantization must be none or fp8, got {self.quantization!r}")
+        if self.quantization not in ("auto", "none", "fp8"):
+            raise ConfigError(f"quantization must be auto, none or fp8, got {self.quantization!r}")
         return self
-
-    @property
-    def fp8_experts(self) -> bool:
-        return self.quantization == "fp8"
 
 
 def _build(cls, data: dict[str, Any], where: str):

@@ -4,6 +4,7 @@ bullet's worker processes, two tensor-parallel ranks) against one process with t
 The Triton kernel's FP8 path is tests/gpu/test_fused_moe.py's (the Triton interpreter on CPU)."""
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -81,16 +82,43 @@ def fp8_model(path) -> CausalLM:
     return model
 
 
-def dequantized_copy(path, dst):
-    """The checkpoint at ``path`` with every expert tensor replaced by its FP8 blocks read back:
-    the model an FP8 server computes, for transformers and the bf16 path to run."""
+def dequantized_copy(path, dst, quantized=None):
+    """The checkpoint at ``path`` with each tensor ``quantized`` names (default: the experts')
+    replaced by its FP8 blocks read back: the model an FP8 server computes, for transformers
+    and the bf16 path to run."""
     shutil.copytree(path, dst)
     arch = ModelArch.from_checkpoint(path)
+    quantized = quantized or (lambda name: is_expert_tensor(name, arch.moe_layers, arch.num_experts))
     tensors = load_file(dst / "model.safetensors")
     for name, w in tensors.items():
-        if is_expert_tensor(name, arch.moe_layers, arch.num_experts):
+        if quantized(name):
             tensors[name] = fp8_blocks.dequantize(*fp8_blocks.quantize(w), w.dtype)
     save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+def linear_weight(name: str) -> bool:
+    """What a fine-grained FP8 checkpoint quantizes: the linear layers but the router and the
+    vocabulary's."""
+    return (name.endswith("proj.weight") or ".experts." in name) and not name.endswith("mlp.gate.weight")
+
+
+FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+
+def fp8_checkpoint(path, dst):
+    """The checkpoint at ``path`` written as a fine-grained FP8 one: each linear weight as E4M3
+    blocks with its ``weight_scale_inv``, and the quantization_config that says so."""
+    shutil.copytree(path, dst)
+    tensors = {}
+    for name, w in load_file(dst / "model.safetensors").items():
+        if linear_weight(name):
+            tensors[name], tensors[name + "_scale_inv"] = fp8_blocks.quantize(w)
+        else:
+            tensors[name] = w
+    save_file(tensors, dst / "model.safetensors")
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, "quantization_config": FP8_CONFIG}))
     return dst
 
 
@@ -164,10 +192,56 @@ def test_engines_serve_the_dequantized_model(moe_engines, overrides):
 
 
 def test_quantization_errors_name_the_field(checkpoint, tmp_path):
-    with pytest.raises(ConfigError, match="quantization must be none or fp8, got 'int4'"):
+    with pytest.raises(ConfigError, match="quantization must be auto, none or fp8, got 'int4'"):
         EngineConfig(quantization="int4").validate()
     dense = tmp_path / "dense"
     shutil.copytree(checkpoint("llama"), dense)
     engine = build_from_checkpoint(dense, tmp_path / "engine", max_model_len=256, dtype="float32")
     with pytest.raises(ValueError, match="quantization=fp8.*no MoE layers"):
         LLM(str(engine), **FP8)
+
+
+@pytest.mark.parametrize("quantization", ["auto", "none"])
+def test_an_fp8_checkpoint_computes_its_dequantized_model(checkpoint, tmp_path, quantization):
+    """A fine-grained FP8 checkpoint (every linear layer quantized): FP8 experts keep its blocks
+    as they are (auto), or every weight is dequantized (none); either computes what
+    transformers computes on the dequantized weights."""
+    path = checkpoint("qwen3_moe-mixed")
+    stored = fp8_checkpoint(path, tmp_path / "fp8")
+    arch = ModelArch.from_checkpoint(stored)
+    assert arch.fp8_checkpoint and arch.fp8_experts(quantization) == (quantization == "auto")
+    model = CausalLM(arch, torch.float32, "cpu", fp8_experts=arch.fp8_experts(quantization))
+    load_checkpoint(model, stored, torch.float32)
+    ids = prompt(19, seed=6)
+    got = step(model, new_kv(model, 8, 16), [(ids, 0, table_for(19, 16, first=1))], 16)[0]
+    want = hf_logits(dequantized_copy(path, tmp_path / "dequantized", linear_weight), ids)
+    assert max_diff(got, want) <= 1e-4
+    if quantization == "auto":  # the checkpoint's own blocks, not quantized again
+        layer = arch.moe_layers[0]
+        blocks = load_file(stored / "model.safetensors")[f"model.layers.{layer}.mlp.experts.3.down_proj.weight"]
+        kept = model.model.layers[layer].mlp.experts.down_proj[3]
+        assert torch.equal(kept.view(torch.uint8), blocks.view(torch.uint8))
+
+
+@pytest.mark.parametrize("overrides", [{"serve.mode": "bullet"},
+                                       {"serve.mode": "chunked", "parallel.tensor_parallel_size": 2}],
+                         ids=["bullet", "tp2"])  # tp2: each rank dequantizes its slices of attention
+def test_an_fp8_checkpoint_serves_through_the_engine(checkpoint, tmp_path, overrides):
+    path = checkpoint("qwen3_moe")
+    fp8_engine = build_from_checkpoint(fp8_checkpoint(path, tmp_path / "fp8"), tmp_path / "e1", max_model_len=256,
+                                       dtype="float32")
+    reference = build_from_checkpoint(dequantized_copy(path, tmp_path / "deq", linear_weight), tmp_path / "e2",
+                                      max_model_len=256, dtype="float32")
+    assert tokens(fp8_engine, **overrides) == tokens(reference, **{"serve.mode": "chunked"})
+
+
+@pytest.mark.parametrize("quant, field", [({**FP8_CONFIG, "quant_method": "awq"}, "quant_method"),
+                                          ({**FP8_CONFIG, "weight_block_size": [64, 64]}, "weight_block_size"),
+                                          ({**FP8_CONFIG, "fmt": "e5m2"}, "fmt")])
+def test_other_quantized_checkpoints_are_refused_naming_the_field(checkpoint, tmp_path, quant, field):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(checkpoint("qwen3_moe"), dst)
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, "quantization_config": quant}))
+    with pytest.raises(NotImplementedError, match=f"quantization_config.{field}"):
+        ModelArch.from_checkpoint(dst)

@@ -56,12 +56,13 @@ def build_shared_state(cfg: EngineConfig, share: bool = True, tp=None) -> tuple[
                          f"kernels tile blocks by powers of two), got {bs}")
     dtype = resolve_dtype(arch, cfg.dtype, device)
     in_graphs = cfg.parallel.decode_graphs and device.type == "cuda"
-    if cfg.fp8_experts and not arch.moe_layers:
+    fp8_experts = arch.fp8_experts(cfg.quantization)
+    if fp8_experts and not arch.moe_layers:
         raise ValueError(f"quantization=fp8 holds a mixture-of-experts model's experts in FP8; "
                          f"{cfg.checkpoint_path} has no MoE layers")
     model = CausalLM(arch, dtype, device, max_positions=cfg.max_model_len, shard=shard,
                      group=tp.model_group if tp is not None else None, collectives_in_graphs=in_graphs,
-                     fp8_experts=cfg.fp8_experts)
+                     fp8_experts=fp8_experts)
     if cfg.dummy_weights:
         model.init_random_weights(cfg.seed)
     else:
@@ -77,7 +78,7 @@ def build_shared_state(cfg: EngineConfig, share: bool = True, tp=None) -> tuple[
         num_blocks = tp.min(num_blocks)
     pool = create_kv_pool(arch, num_blocks, cfg.kv.block_size, dtype, device, shared=share, shard=shard)
     state = SharedEngineState(arch, dtype, weights, pool, cfg.kv.block_size, cfg.max_model_len, shard, in_graphs,
-                              cfg.fp8_experts)
+                              fp8_experts)
     return state, model
 
 

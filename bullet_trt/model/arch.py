@@ -50,6 +50,9 @@ class ModelArch:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
     moe_layers: tuple[int, ...] = ()
+    # A fine-grained FP8 checkpoint (quantization_config quant_method "fp8", blocks of 128 x 128):
+    # its linear layers' weights are E4M3 with a `weight_scale_inv` per block beside each
+    fp8_checkpoint: bool = False
     source: str = "<dict>"  # the config file, for error messages
 
     @staticmethod
@@ -97,6 +100,7 @@ class ModelArch:
         attention_bias = bool(d.get("attention_bias", False))
         num_layers = int(need("num_hidden_layers"))
         moe = _moe_params(d, family, num_layers, source)
+        fp8_checkpoint = _fp8_checkpoint(d.get("quantization_config"), source)
         return ModelArch(
             family=family,
             vocab_size=int(need("vocab_size")),
@@ -121,11 +125,19 @@ class ModelArch:
             eos_token_ids=eos_ids,
             sliding_window=int(window) if window is not None else None,
             **moe,
+            fp8_checkpoint=fp8_checkpoint,
             source=source,
         )
 
     def is_moe_layer(self, index: int) -> bool:
         return index in self.moe_layers
+
+    def fp8_experts(self, quantization: str) -> bool:
+        """Whether the experts are held as FP8 blocks under the engine's ``quantization``
+        (auto: where an FP8 checkpoint stores a mixture-of-experts model)."""
+        if quantization == "auto":
+            return self.fp8_checkpoint and bool(self.moe_layers)
+        return quantization == "fp8"
 
     def check_max_model_len(self, max_model_len: int) -> None:
         """Refuses contexts past the checkpoint's positions, and (sliding-window attention is not
@@ -137,6 +149,25 @@ class ModelArch:
             raise NotImplementedError(
                 f"{self.source}: sliding_window={self.sliding_window} but max_model_len={max_model_len}; "
                 f"sliding-window attention is not implemented, set max_model_len <= {self.sliding_window}")
+
+
+def _fp8_checkpoint(quant: dict[str, Any] | None, source: str) -> bool:
+    """Whether ``quantization_config`` describes the one quantized format read here: FP8 E4M3
+    weights with a scale per 128 x 128 block (DeepSeek-V3's, Qwen3's "-FP8" checkpoints)."""
+    if not quant:
+        return False
+    method = quant.get("quant_method")
+    if method != "fp8":
+        raise NotImplementedError(f"{source}: quantization_config.quant_method is {method!r}; "
+                                  "only 'fp8' (block-wise E4M3) checkpoints are read")
+    block = quant.get("weight_block_size")
+    if block != [128, 128]:
+        raise NotImplementedError(f"{source}: quantization_config.weight_block_size is {block!r}; "
+                                  "only [128, 128] blocks are read")
+    fmt = quant.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise NotImplementedError(f"{source}: quantization_config.fmt is {fmt!r}; only 'e4m3' is read")
+    return True
 
 
 def _moe_params(d: dict[str, Any], family: str, num_layers: int, source: str) -> dict[str, Any]:

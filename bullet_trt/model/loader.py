@@ -1,5 +1,9 @@
 """Loading Hugging Face safetensors checkpoints into CausalLM: the whole model, or under tensor
-parallelism the slices of it that the model's rank holds (read from the file as slices)."""
+parallelism the slices of it that the model's rank holds (read from the file as slices).
+
+A fine-grained FP8 checkpoint (``ModelArch.fp8_checkpoint``) stores its linear layers' weights
+as E4M3 blocks with a ``weight_scale_inv`` beside each: FP8 experts keep them as they are, every
+other parameter takes them dequantized into the model's dtype."""
 from __future__ import annotations
 
 import json
@@ -8,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from bullet_trt.kernels import fp8_blocks
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.expert_weights import Fp8Target, checkpoint_destinations, is_expert_tensor
 from bullet_trt.model.tensor_parallel import Shard
@@ -65,19 +70,36 @@ def _ignored(name: str, arch: ModelArch) -> bool:
     return name.endswith("rotary_emb.inv_freq") or (arch.tie_word_embeddings and name == "lm_head.weight")
 
 
+SCALE_SUFFIX = "_scale_inv"  # an FP8 checkpoint's block scales: `X.weight_scale_inv` beside `X.weight`
+
+
 def _read(f, name: str, shard: Shard, arch: ModelArch, dest: torch.Tensor | Fp8Target, dtype: torch.dtype,
-          path: Path) -> None:
-    """Copies this rank's part of tensor ``name`` into ``dest``, reading only that part."""
+          path: Path, scale: torch.Tensor | None = None) -> None:
+    """Copies this rank's part of tensor ``name`` into ``dest``, reading only that part.
+    ``scale``: the tensor is FP8 blocks with these scales (an FP8 checkpoint's), which an FP8
+    expert keeps as they are and every other parameter takes dequantized."""
     view = f.get_slice(name)
     shape = tuple(view.get_shape())
     part = shard.checkpoint_slice(name, arch)
+    whole, sliced = (lambda: f.get_tensor(name)), (lambda index: view[index])
+    if scale is not None:
+        blocks = f.get_tensor(name)
+        if blocks.dtype != fp8_blocks.FP8 or tuple(scale.shape) != fp8_blocks.scale_shape(*shape[-2:]):
+            raise ValueError(f"{path}: tensor {name!r} ({blocks.dtype}, {shape}) and its {name + SCALE_SUFFIX} "
+                             f"{tuple(scale.shape)} are not FP8 blocks of 128 x 128")
+        if isinstance(dest, Fp8Target) and part is None and not dest.gate_up and shape == tuple(dest.shape):
+            dest.weight.copy_(blocks)  # kept as the checkpoint quantized it
+            dest.scale.copy_(scale)
+            return
+        weights = fp8_blocks.dequantize(blocks, scale, torch.float32)
+        whole, sliced = (lambda: weights), (lambda index: weights[index])
     if part is None:
         if shape != tuple(dest.shape):
             raise ValueError(f"{path}: tensor {name!r} has shape {shape}, the model expects {tuple(dest.shape)}")
         if isinstance(dest, Fp8Target):
-            dest.fill(f.get_tensor(name))
+            dest.fill(whole())
         else:
-            dest.copy_(f.get_tensor(name).to(dtype))
+            dest.copy_(whole().to(dtype))
         return
     expected = list(dest.shape)
     expected[part.dim] = part.full
@@ -85,14 +107,23 @@ def _read(f, name: str, shard: Shard, arch: ModelArch, dest: torch.Tensor | Fp8T
         raise ValueError(f"{path}: tensor {name!r} has shape {shape}, the model expects {tuple(expected)}")
     index = (slice(None),) * part.dim + (slice(part.start, part.stop),)
     if isinstance(dest, Fp8Target):  # a rank's range of stacked experts, which it holds whole
-        dest.fill(view[index])
+        dest.fill(sliced(index))
         return
     rows = part.stop - part.start
     # the vocabulary's last range is padded: rows past the vocabulary stay zero
     target = dest.narrow(part.dim, 0, rows)
-    target.copy_(view[index].to(dtype))
+    target.copy_(sliced(index).to(dtype))
     if rows < dest.shape[part.dim]:
         dest.narrow(part.dim, rows, dest.shape[part.dim] - rows).zero_()
+
+
+def _scale(files: dict[str, Path], name: str) -> torch.Tensor | None:
+    """The block scales of an FP8 checkpoint's tensor ``name``, from whichever file holds them."""
+    path = files.get(name + SCALE_SUFFIX)
+    if path is None:
+        return None
+    with safe_open(path, framework="pt") as f:
+        return f.get_tensor(name + SCALE_SUFFIX).float()
 
 
 @torch.no_grad()
@@ -107,8 +138,10 @@ def load_checkpoint(model: CausalLM, checkpoint_dir: str | Path, dtype: torch.dt
         if name not in files:
             raise ValueError(f"{source}: tensor {name!r} is missing from the checkpoint")
     for name, path in files.items():
-        other_ranks = is_expert_tensor(name, arch.moe_layers, arch.num_experts)
-        if name not in params and not _ignored(name, arch) and not other_ranks:
+        # an FP8 checkpoint's scales count as their weight
+        weight = name.removesuffix(SCALE_SUFFIX) if arch.fp8_checkpoint else name
+        other_ranks = is_expert_tensor(weight, arch.moe_layers, arch.num_experts)
+        if weight not in params and not _ignored(weight, arch) and not other_ranks:
             raise ValueError(f"{path}: unexpected tensor {name!r} (the model has no such parameter)")
     by_file: dict[Path, list[str]] = {}
     for name in params:
@@ -119,4 +152,5 @@ def load_checkpoint(model: CausalLM, checkpoint_dir: str | Path, dtype: torch.dt
             for name in names:
                 if name not in present:
                     raise ValueError(f"{path}: tensor {name!r} is missing (the index says it is here)")
-                _read(f, name, shard, arch, params[name], dtype, path)
+                scale = _scale(files, name) if arch.fp8_checkpoint else None
+                _read(f, name, shard, arch, params[name], dtype, path, scale)
