@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from bullet_trt.kernels import AttentionMetadata, fp8_blocks, ops_for
 from bullet_trt.model.arch import ModelArch
+from bullet_trt.model.expert_weights import scale_name
 from bullet_trt.model.rope import build_cos_sin_cache
 from bullet_trt.model.tensor_parallel import Collectives, Shard
 
@@ -433,7 +434,7 @@ class CausalLM(nn.Module):
                     quantize = fp8_blocks.quantize_gate_up if name.endswith("gate_up_proj") else fp8_blocks.quantize
                     q, scale = quantize(mine)
                     p.copy_(q)
-                    params[name.removesuffix("_proj") + "_scale"].copy_(scale)
+                    params[scale_name(name)].copy_(scale)
                 elif part is not None:
                     rows = part.stop - part.start
                     p.zero_().narrow(part.dim, 0, rows).copy_(whole.narrow(part.dim, part.start, rows))
