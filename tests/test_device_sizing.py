@@ -239,3 +239,17 @@ def test_the_memory_plan_shards_weights_and_kv_heads_across_ranks():
     assert eight.weight_bytes > four.weight_bytes / 2  # the replicated K/V projections
     with pytest.raises(ValueError, match="must divide the 64 attention heads"):
         plan_rank(qwen235, 2, 3, 141 * GiB, 0.85)
+
+
+def test_fp8_experts_hold_the_experts_at_a_byte_a_weight():
+    """Qwen3-30B-A3B: 29.0B of its 30.5B weights are experts; FP8 halves those alone."""
+    from bullet_trt.serving.memory_plan import expert_parameters, parameters, plan_rank
+
+    arch = ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"])
+    assert expert_parameters(arch) / 1e9 == pytest.approx(29.0, abs=0.05)
+    bf16, fp8 = (plan_rank(arch, 2, 1, 141 * GiB, 0.85, fp8_experts=f) for f in (False, True))
+    assert bf16.weight_bytes == pytest.approx(2 * parameters(arch))
+    assert bf16.weight_bytes - fp8.weight_bytes == pytest.approx(expert_parameters(arch) * (1 - 4 / 128 ** 2))
+    assert fp8.rows > bf16.rows
+    dense = ModelArch.from_hf_dict(PRESETS["llama-3.1-8b"])
+    assert plan_rank(dense, 2, 1, 141 * GiB, 0.85, fp8_experts=True) == plan_rank(dense, 2, 1, 141 * GiB, 0.85)

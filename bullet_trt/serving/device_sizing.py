@@ -68,7 +68,7 @@ def decode_rows(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts, dtype_bytes: 
     fp8_experts = arch.fp8_experts(cfg.quantization)
     cost = ModelCost.from_arch(arch, dtype_bytes, fp8_experts).per_rank(tp, kv_heads_per_rank(arch, tp), arch.num_kv_heads)
     context = min(cfg.max_model_len, TYPICAL_CONTEXT)
-    by_memory = plan_rank(arch, dtype_bytes, tp, total_memory, cfg.kv.gpu_memory_fraction, context).rows
+    by_memory = plan_rank(arch, dtype_bytes, tp, total_memory, cfg.kv.gpu_memory_fraction, context, fp8_experts).rows
     perf, _ = load_perf_model(cfg.engine_dir, cost, gpu.name, total_sms,
                               moe_tiles=moe_tiles_of(arch, gpu.name, fp8_experts))
     budget_ms = cfg.serve.tpot_slo_ms * cfg.serve.tpot_plan_fraction

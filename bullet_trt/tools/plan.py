@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="memory of one GPU in GiB (default 139.8, an H200; an H100 has 79.2)")
     ap.add_argument("--memory-fraction", type=float, default=0.85, help="kv.gpu_memory_fraction (default 0.85)")
     ap.add_argument("--dtype-bytes", type=int, default=2, choices=(1, 2, 4), help="bytes per weight (default 2: bf16)")
+    ap.add_argument("--fp8-experts", action="store_true",
+                    help="an MoE model's experts in FP8 blocks (quantization=fp8): a byte a weight")
     args = ap.parse_args(argv)
     if args.arch:
         name, arch = args.arch, ModelArch.from_hf_dict(PRESETS[args.arch], source=args.arch)
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         name, arch = args.engine_dir, ModelArch.from_checkpoint(cfg.checkpoint_path)
     try:
         tps = [int(x) for x in args.tp.split(",") if x.strip()]
-        print(table(name, arch, args.dtype_bytes, tps, args.gpu_memory_gib, args.memory_fraction))
+        print(table(name, arch, args.dtype_bytes, tps, args.gpu_memory_gib, args.memory_fraction, args.fp8_experts))
     except ValueError as e:
         raise SystemExit(f"bullet-trt plan: {e}")
     return 0
