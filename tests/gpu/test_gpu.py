@@ -29,9 +29,10 @@ def hf_logits(ckpt, ids: list[int]) -> torch.Tensor:
         return hf(torch.tensor([ids])).logits[0]
 
 
-def our_last_logits(ckpt, prompts: list[list[int]], block_size: int, dtype=torch.bfloat16) -> torch.Tensor:
+def our_last_logits(ckpt, prompts: list[list[int]], block_size: int, dtype=torch.bfloat16,
+                    fp8_experts: bool = False) -> torch.Tensor:
     arch = ModelArch.from_checkpoint(ckpt)
-    model = CausalLM(arch, dtype, "cuda", max_positions=512)
+    model = CausalLM(arch, dtype, "cuda", max_positions=512, fp8_experts=fp8_experts)
     load_checkpoint(model, ckpt, dtype)
     nb = sum(-(-len(p) // block_size) for p in prompts)
     pool = torch.zeros(arch.num_layers, 2, nb + 1, block_size, arch.num_kv_heads, arch.head_dim,
@@ -159,3 +160,40 @@ def test_the_kv_pool_keeps_the_engine_within_its_memory_fraction(tmp_path):
     finally:
         del state, model
         torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("variant", ["qwen3_moe", "qwen3_moe-mixed"])
+def test_fp8_experts_match_transformers_on_their_dequantized_weights(checkpoint, variant, tmp_path):
+    """quantization=fp8 on a GPU: the Triton kernel over FP8 blocks, against transformers holding
+    the weights those blocks stand for (tests/test_fp8_experts.py checks the same on CPU)."""
+    from tests.test_fp8_experts import dequantized_copy
+
+    ckpt = checkpoint(variant)
+    prompts = random_prompts(8, seed=4)
+    reference = dequantized_copy(ckpt, tmp_path / "dequantized")
+    refs = torch.stack([hf_logits(reference, p)[-1] for p in prompts])
+    assert rel_err(our_last_logits(ckpt, prompts, block_size=16, fp8_experts=True), refs) < BF16_REL_TOL
+
+
+@pytest.mark.parametrize("mode", ["chunked", "bullet"])
+def test_fp8_experts_serve_greedy_argmax_tokens(checkpoint, mode, tmp_path, request):
+    """The engine with FP8 experts (their kernel variants compiled at warm-up, decode graphs
+    captured over them; in bullet mode both workers attach the FP8 weights through CUDA IPC):
+    each greedy token a maximum of the dequantized model's fp32 logits up to bf16 error."""
+    from tests.test_fp8_experts import dequantized_copy
+
+    if mode == "bullet":
+        request.getfixturevalue("mps_daemon")
+    ckpt = checkpoint("qwen3_moe")
+    engine = build_from_checkpoint(ckpt, tmp_path / "engine", max_model_len=256, dtype="bfloat16")
+    prompt = random_prompts(1, seed=8)[0]
+    settings = {"serve.mode": mode, "kv.num_blocks": 256, "quantization": "fp8"}
+    if mode == "bullet":
+        settings["serve.partitioner"] = "green"
+    with LLM(str(engine), **settings) as llm:
+        out = llm.generate_token_ids([prompt], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))[0]
+    logits = hf_logits(dequantized_copy(ckpt, tmp_path / "dequantized"), prompt + out.token_ids)[len(prompt) - 1:-1]
+    scale = logits.abs().max(dim=-1).values
+    chosen = logits.gather(1, torch.tensor(out.token_ids).unsqueeze(1)).squeeze(1)
+    gap = logits.max(dim=-1).values - chosen
+    assert len(out.token_ids) == 32 and bool((gap <= BF16_REL_TOL * scale).all()), gap.tolist()
