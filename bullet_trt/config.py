@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 ENGINE_FILE = "engine.yaml"
+QUANTIZATIONS = ("auto", "none", "fp8", "fp8-w8a8")
 # The fewest SMs a phase may run on beside the other (ServeConfig.min_phase_sms says why).
 SMALLEST_PHASE_SMS = 16
 
@@ -194,6 +195,8 @@ class EngineConfig:
     dummy_weights: bool = False  # random weights made on the device; the checkpoint holds only config.json
     # "fp8": a mixture-of-experts model's experts held as FP8 blocks (one float32 scale per 128 x 128
     # block), quantized as they load, or kept as an FP8 checkpoint stores them; the rest in `dtype`.
+    # "fp8-w8a8": fp8, and the experts' inputs rounded to FP8 per token and 128 columns as each
+    # step runs, so that both operands of their products are FP8 (the tensor cores' FP8 rate).
     # "auto": fp8 for an FP8 checkpoint of a mixture-of-experts model, else none; "none": every
     # weight in `dtype` (an FP8 checkpoint's dequantized as it loads). docs/moe.md, "FP8 experts"
     quantization: str = "auto"
@@ -300,8 +303,8 @@ class EngineConfig:
                               f"{self.parallel.tensor_parallel_size}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.quantization not in ("auto", "none", "fp8"):
-            raise ConfigError(f"quantization must be auto, none or fp8, got {self.quantization!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
         return self
 
 

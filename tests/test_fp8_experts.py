@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bullet_trt.config import ConfigError, EngineConfig
+from bullet_trt.config import ConfigError, EngineConfig, load_engine_config
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.kernels import fp8_blocks
 from bullet_trt.model.arch import ModelArch
@@ -192,7 +192,7 @@ def test_engines_serve_the_dequantized_model(moe_engines, overrides):
 
 
 def test_quantization_errors_name_the_field(checkpoint, tmp_path):
-    with pytest.raises(ConfigError, match="quantization must be auto, none or fp8, got 'int4'"):
+    with pytest.raises(ConfigError, match="quantization must be one of auto, none, fp8, fp8-w8a8, got .int4."):
         EngineConfig(quantization="int4").validate()
     dense = tmp_path / "dense"
     shutil.copytree(checkpoint("llama"), dense)
@@ -245,3 +245,54 @@ def test_other_quantized_checkpoints_are_refused_naming_the_field(checkpoint, tm
     (dst / "config.json").write_text(json.dumps({**config, "quantization_config": quant}))
     with pytest.raises(NotImplementedError, match=f"quantization_config.{field}"):
         ModelArch.from_checkpoint(dst)
+
+
+def naive_w8a8_moe(x, layer, weights, ids):
+    """One MoE layer with FP8 experts and FP8 activations, token by token: each product's input
+    rounded per 128 columns, as a plain loop over the assignments."""
+    def rounded(v):
+        return fp8_blocks.dequantize_token_groups(*fp8_blocks.quantize_token_groups(v[None]), v.dtype)[0]
+
+    e = layer.mlp.experts
+    gate_up = fp8_blocks.dequantize_gate_up(e.gate_up_proj, e.gate_up_scale, torch.float32)
+    down = fp8_blocks.dequantize(e.down_proj, e.down_scale, torch.float32)
+    inter = gate_up.shape[1] // 2
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for slot in range(ids.shape[1]):
+            g = int(ids[t, slot])
+            h = gate_up[g] @ rounded(x[t])
+            out[t] += weights[t, slot] * (down[g] @ rounded(torch.nn.functional.silu(h[:inter]) * h[inter:]))
+    return out
+
+
+def test_fp8_activations_round_each_products_input(checkpoint):
+    """quantization=fp8-w8a8: the layer against a plain loop with the same rounding, and the
+    model's logits near the FP8-weights-only model's (the activations' rounding, a few percent)."""
+    path = checkpoint("qwen3_moe")
+    arch = ModelArch.from_checkpoint(path)
+    assert arch.expert_quantization("fp8-w8a8") == "fp8-w8a8" and arch.fp8_experts("fp8-w8a8")
+    w8a8 = CausalLM(arch, torch.float32, "cpu", fp8_experts=True, fp8_activations=True)
+    load_checkpoint(w8a8, path, torch.float32)
+    layer = w8a8.model.layers[arch.moe_layers[0]]
+    x = torch.randn(5, arch.hidden_size)
+    weights, ids = w8a8.ops.moe_route(layer.mlp.gate(x), layer.mlp.top_k, layer.mlp.renormalize)
+    got = layer.mlp(w8a8.ops, x)
+    assert max_diff(got, naive_w8a8_moe(x, layer, weights, ids)) <= 1e-5
+    ids_ = prompt(21, seed=4)
+    logits = step(w8a8, new_kv(w8a8, 8, 16), [(ids_, 0, table_for(21, 16, first=3))], 16)[0]
+    w8 = fp8_model(path)
+    weights_only = step(w8, new_kv(w8, 8, 16), [(ids_, 0, table_for(21, 16, first=3))], 16)[0]
+    rel = ((logits - weights_only).norm() / weights_only.norm()).item()
+    assert 1e-4 < rel < 0.1, rel
+
+
+def test_fp8_activations_serve_the_same_tokens_in_every_engine(moe_engines):
+    engine, _ = moe_engines
+    settings = {"quantization": "fp8-w8a8"}
+    chunked = tokens(engine, **settings, **{"serve.mode": "chunked"})
+    assert tokens(engine, **settings, **{"serve.mode": "bullet"}) == chunked
+    assert tokens(engine, **settings, **{"serve.mode": "chunked", "parallel.tensor_parallel_size": 2}) == chunked
+    arch = ModelArch.from_checkpoint(load_engine_config(str(engine)).checkpoint_path)
+    with pytest.raises(ValueError, match="FP8 activations go with FP8 experts"):
+        CausalLM(arch, torch.float32, "meta", fp8_activations=True)

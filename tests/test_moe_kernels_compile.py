@@ -1,5 +1,6 @@
 """The fused MoE's grouped GEMM compiles for Hopper (sm_90) in every form it can take, bf16 and
-FP8 weights, plain and with the operands swapped, gate-and-up and down, on any machine (as
+FP8 weights, bf16 and FP8 activations with FP8 weights, plain and with the operands swapped,
+gate-and-up and down, and so does the activations' FP8 rounding, on any machine (as
 tests/test_sample_kernels_compile.py does for the sampling kernels, and for the same reason: the
 interpreter runs code its compiler may refuse). Its own process: the interpreter, once set for
 this one, replaces every kernel."""
@@ -26,19 +27,28 @@ COMPILE = textwrap.dedent("""
 
     fn = tm._moe_gemm_kernel
     ints = ("N", "K", "num_valid", "num_rows", "stride_am", "stride_be", "stride_bn", "stride_cm", "stride_se",
-            "stride_sn")
-    for fp8, swap, gate_up in itertools.product((False, True), (False, True), (True, False)):
+            "stride_sn", "stride_asm")
+    # weights and activations: bf16 / bf16, FP8 / bf16, FP8 / FP8
+    for (fp8, a_fp8), swap, gate_up in itertools.product(((0, 0), (1, 0), (1, 1)), (0, 1), (1, 0)):
         sig = {n: "constexpr" for n in fn.arg_names}
-        sig.update({n: "i32" for n in ints}, A="*bf16", C="*bf16", W="*bf16", SORTED="*i32", BLOCK_EXPERT="*i32",
-                   NUM_PADDED="*i32", B="*fp8e4nv" if fp8 else "*bf16", S="*fp32" if fp8 else "*bf16")
-        consts = dict(A_ROWS_PER_ID=8 if gate_up else 1, GATE_UP=gate_up, WEIGHTED=not gate_up,
-                      FP8_BLOCK=fp8_blocks.BLOCK if fp8 else 0, SWAP_AB=swap, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
-                      GROUP_M=1, DOT_PREC="tf32", UPCAST=False)
+        sig.update({n: "i32" for n in ints}, A="*fp8e4nv" if a_fp8 else "*bf16", C="*bf16", W="*bf16",
+                   SORTED="*i32", BLOCK_EXPERT="*i32", NUM_PADDED="*i32", B="*fp8e4nv" if fp8 else "*bf16",
+                   S="*fp32" if fp8 else "*bf16", AS="*fp32" if a_fp8 else "*bf16")
+        consts = dict(A_ROWS_PER_ID=8 if gate_up else 1, GATE_UP=bool(gate_up), WEIGHTED=not gate_up,
+                      FP8_BLOCK=fp8_blocks.BLOCK if fp8 else 0, A_FP8=bool(a_fp8), SWAP_AB=bool(swap), BLOCK_M=16,
+                      BLOCK_N=64, BLOCK_K=128, GROUP_M=1, DOT_PREC="tf32", UPCAST=False)
         kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v
                                                                             for k, v in consts.items()}),
                                 target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4})
         assert kernel.asm["cubin"]
-        print(f"compiled fp8={int(fp8)} swap={int(swap)} gate_up={int(gate_up)}")
+        print(f"compiled fp8={fp8} a_fp8={a_fp8} swap={swap} gate_up={gate_up}")
+    quant = tm._quantize_token_groups_kernel
+    sig = {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", "cols": "i32", "stride_x": "i32", "stride_q": "i32",
+           "stride_s": "i32", "GROUP": "constexpr"}
+    kernel = triton.compile(ASTSource(fn=quant, signature=sig, constexprs={(7,): fp8_blocks.BLOCK}),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    assert "cvt.rn.satfinite.e4m3x2.f32" in kernel.asm["ptx"]  # round to nearest, as torch does
+    print("compiled quantize")
 """)
 
 
@@ -48,4 +58,5 @@ def test_the_moe_gemm_compiles_for_hopper_in_every_form():
     done = subprocess.run([sys.executable, "-c", COMPILE], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert len(done.stdout.split("\n")) - 1 == 8 and "compiled fp8=1 swap=1 gate_up=1" in done.stdout
+    lines = done.stdout.split("\n")[:-1]
+    assert len(lines) == 13 and "compiled fp8=1 a_fp8=1 swap=1 gate_up=1" in lines and lines[-1] == "compiled quantize"

@@ -195,3 +195,11 @@ def test_the_swapped_form_is_kept_in_a_table_and_searched_for_fp8_only():
         moe_tiles.check_tile({**SMALL, "SWAP_AB": 2}, "t")
     plain, both = moe_tune.tile_space(), moe_tune.tile_space(swapped=True)
     assert len(both) == 2 * len(plain) and sum("SWAP_AB" in t for t in both) == len(plain)
+
+
+def test_fp8_activations_tune_a_table_apart_from_fp8_weights_alone():
+    assert moe_tiles.dtype_label("float8_e4m3fn", fp8_activations=True) == "float8_e4m3fn_w8a8"
+    assert moe_tiles.dtype_label("bfloat16") == "bfloat16"
+    arch = type("A", (), dict(num_experts=128, moe_intermediate_size=768, hidden_size=2048, num_experts_per_tok=8))
+    assert moe_tune.layer_shape(arch, fp8_activations=True)["dtype"] == "float8_e4m3fn_w8a8"
+    assert moe_tune.layer_shape(arch, fp8=True)["dtype"] == "float8_e4m3fn"

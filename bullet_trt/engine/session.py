@@ -141,7 +141,8 @@ class TorchSession(EngineSession):
             # the tiles of large prefills, which the short warm-up steps above never pick
             _, local_experts = self.model.shard.experts(arch)
             ops.compile_moe_variants(local_experts, arch.hidden_size, arch.moe_intermediate_size,
-                                     arch.num_experts_per_tok, self.model.dtype, self.device, self.model.fp8_experts)
+                                     arch.num_experts_per_tok, self.model.dtype, self.device, self.model.fp8_experts,
+                                     self.model.fp8_activations)
         torch.cuda.synchronize(self.device)
 
     def release_graphs(self) -> None:

@@ -35,7 +35,16 @@ class SharedEngineState:
     # parallel.decode_graphs: whether the sessions attached to this state capture the
     # collectives in their decode graphs (each process rebuilds the model around the weights)
     collectives_in_graphs: bool = False
-    fp8_experts: bool = False  # quantization=fp8: the experts' weights are FP8 blocks
+    # the experts as the engine's quantization has them: none, fp8 (FP8 weights) or fp8-w8a8
+    expert_quantization: str = "none"
+
+    @property
+    def fp8_experts(self) -> bool:
+        return self.expert_quantization != "none"
+
+    @property
+    def fp8_activations(self) -> bool:
+        return self.expert_quantization == "fp8-w8a8"
 
     @property
     def num_blocks(self) -> int:
@@ -56,13 +65,14 @@ def build_shared_state(cfg: EngineConfig, share: bool = True, tp=None) -> tuple[
                          f"kernels tile blocks by powers of two), got {bs}")
     dtype = resolve_dtype(arch, cfg.dtype, device)
     in_graphs = cfg.parallel.decode_graphs and device.type == "cuda"
-    fp8_experts = arch.fp8_experts(cfg.quantization)
+    experts = arch.expert_quantization(cfg.quantization)
+    fp8_experts = experts != "none"
     if fp8_experts and not arch.moe_layers:
         raise ValueError(f"quantization=fp8 holds a mixture-of-experts model's experts in FP8; "
                          f"{cfg.checkpoint_path} has no MoE layers")
     model = CausalLM(arch, dtype, device, max_positions=cfg.max_model_len, shard=shard,
                      group=tp.model_group if tp is not None else None, collectives_in_graphs=in_graphs,
-                     fp8_experts=fp8_experts)
+                     fp8_experts=fp8_experts, fp8_activations=experts == "fp8-w8a8")
     if cfg.dummy_weights:
         model.init_random_weights(cfg.seed)
     else:
@@ -78,7 +88,7 @@ def build_shared_state(cfg: EngineConfig, share: bool = True, tp=None) -> tuple[
         num_blocks = tp.min(num_blocks)
     pool = create_kv_pool(arch, num_blocks, cfg.kv.block_size, dtype, device, shared=share, shard=shard)
     state = SharedEngineState(arch, dtype, weights, pool, cfg.kv.block_size, cfg.max_model_len, shard, in_graphs,
-                              fp8_experts)
+                              experts)
     return state, model
 
 
@@ -86,7 +96,8 @@ def attach_session(state: SharedEngineState, profile: ProfileConfig, group=None)
     """A session over already-built weights and pool (in this or another process); ``group``:
     the process group of the state's tensor-parallel ranks, joined in this process."""
     model = CausalLM(state.arch, state.dtype, "meta", max_positions=state.max_model_len, shard=state.shard,
-                     group=group, collectives_in_graphs=state.collectives_in_graphs, fp8_experts=state.fp8_experts)
+                     group=group, collectives_in_graphs=state.collectives_in_graphs, fp8_experts=state.fp8_experts,
+                     fp8_activations=state.fp8_activations)
     model.attach_weights(state.weights)
     return TorchSession(model, state.kv_pool, state.block_size, profile)
 

@@ -8,6 +8,11 @@ the activations' dtype on weights read at one byte each: half the bytes a bf16 e
 A stacked gate-and-up tensor (experts, 2 * inter, hidden) keeps the gate's and the up's blocks
 apart (the gate's ceil(inter / 128) rows of scales, then the up's), as the two per-expert
 tensors of a checkpoint hold them, whatever ``inter`` is.
+
+Activations, where they are rounded to FP8 too (quantization=fp8-w8a8, both operands of the
+products on FP8 tensor cores), take a scale per token and 128 columns, computed as each step
+runs (``quantize_token_groups``), as the published FP8 checkpoints' "dynamic" activation scheme
+says.
 """
 from __future__ import annotations
 
@@ -54,3 +59,22 @@ def dequantize_gate_up(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype)
     gate, up = q.chunk(2, dim=-2)
     sg, su = scale.chunk(2, dim=-2)
     return torch.cat([dequantize(gate, sg, dtype), dequantize(up, su, dtype)], dim=-2)
+
+
+def quantize_token_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q in FP8, scales float32 (rows, ceil(cols / 128))) for activations x (rows, cols): one
+    scale per row and 128 columns."""
+    rows, cols = x.shape
+    groups = -(-cols // BLOCK)
+    padded = torch.zeros(rows, groups * BLOCK, dtype=torch.float32, device=x.device)
+    padded[:, :cols] = x
+    blocks = padded.view(rows, groups, BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (blocks / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q.view(rows, groups * BLOCK)[:, :cols].contiguous(), scale
+
+
+def dequantize_token_groups(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    cols = q.shape[-1]
+    return (q.to(torch.float32) * scale.repeat_interleave(BLOCK, dim=-1)[:, :cols]).to(dtype)

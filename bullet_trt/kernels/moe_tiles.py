@@ -26,6 +26,12 @@ TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stage
 SWAP_AB = "SWAP_AB"
 
 
+def dtype_label(weight_dtype: str, fp8_activations: bool = False) -> str:
+    """A table's dtype in its name: the experts' weights', and ``_w8a8`` where the activations
+    are rounded to FP8 too (other products: other best tiles)."""
+    return f"{weight_dtype}_w8a8" if fp8_activations else weight_dtype
+
+
 def table_name(device_name: str, num_experts: int, inter: int, hidden: int, top_k: int, dtype: str,
                sms: int | None = None) -> str:
     """The file name of a table: the layer shape the kernels see on one rank, the GPU, and the

@@ -105,7 +105,7 @@ def moe_route(router_logits: torch.Tensor, top_k: int,
 def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               expert_offset: int = 0, gate_up_scale: torch.Tensor | None = None,
-              down_scale: torch.Tensor | None = None) -> torch.Tensor:
+              down_scale: torch.Tensor | None = None, fp8_activations: bool = False) -> torch.Tensor:
     """The experts' part of a MoE layer: for each token, the sum over its k experts e of
     weight * down_e(silu(gate_e(x)) * up_e(x)).
 
@@ -119,11 +119,21 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     are fine on CPU. Accumulation follows transformers (in x's dtype, expert by expert).
 
     With ``gate_up_scale`` and ``down_scale`` the weights are FP8 blocks (fp8_blocks.py), used
-    as the x-dtype weights they stand for.
+    as the x-dtype weights they stand for; ``fp8_activations``: both products' inputs (x, and
+    each assignment's silu(gate) * up) are rounded to FP8 per token and 128 columns first.
     """
     if gate_up_scale is not None:
         w_gate_up = fp8_blocks.dequantize_gate_up(w_gate_up, gate_up_scale, x.dtype)
         w_down = fp8_blocks.dequantize(w_down, down_scale, x.dtype)
+    elif fp8_activations:
+        raise ValueError("fused_moe: FP8 activations go with FP8 weights (gate_up_scale, down_scale)")
+
+    def rounded(rows: torch.Tensor) -> torch.Tensor:
+        if not fp8_activations:
+            return rows
+        return fp8_blocks.dequantize_token_groups(*fp8_blocks.quantize_token_groups(rows), rows.dtype)
+
+    x_in = rounded(x)
     num_local, k = w_gate_up.shape[0], topk_ids.shape[1]
     out = torch.zeros_like(x)
     local = topk_ids.reshape(-1).long() - expert_offset
@@ -135,7 +145,7 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         if ids.numel() == 0:
             continue
         tokens = ids // k
-        act = silu_and_mul(x[tokens] @ w_gate_up[e].t())
+        act = rounded(silu_and_mul(x_in[tokens] @ w_gate_up[e].t()))
         y = (act @ w_down[e].t()) * flat_weights[ids, None]
         out.index_add_(0, tokens, y.to(out.dtype))
     return out

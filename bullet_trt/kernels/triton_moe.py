@@ -61,14 +61,14 @@ MOE_TILE_OVERRIDE: dict | None = None
 # the answer do not change while the process runs
 @functools.lru_cache(maxsize=None)
 def tuned_tables(dtype: torch.dtype, top_k: int, num_local_experts: int, inter: int, hidden: int,
-                 device: torch.device) -> dict[int | None, tuple[tuple[int, dict], ...]]:
-    """This GPU's tuned tile tables for the layer shape and weight dtype, by the SM count each
-    was tuned on (None: the whole GPU); none for fp32, which is never tuned."""
+                 device: torch.device, fp8_activations: bool = False) -> dict[int | None, tuple[tuple[int, dict], ...]]:
+    """This GPU's tuned tile tables for the layer shape and weight dtype (and FP8 activations),
+    by the SM count each was tuned on (None: the whole GPU); none for fp32, which is never tuned."""
     if device.type != "cuda" or dtype == torch.float32:
         return {}
     index = torch.cuda.current_device() if device.index is None else device.index
     names = moe_tiles.tables_of(torch.cuda.get_device_name(index), num_local_experts, inter, hidden, top_k,
-                                str(dtype).removeprefix("torch."))
+                                moe_tiles.dtype_label(str(dtype).removeprefix("torch."), fp8_activations))
     return {sms: moe_tiles.load_table(name) for sms, name in names.items()}
 
 
@@ -78,13 +78,14 @@ def untuned_config(dtype: torch.dtype, tokens: int, top_k: int, num_local_expert
 
 
 def moe_config(dtype: torch.dtype, tokens: int, top_k: int, num_local_experts: int, inter: int,
-               hidden: int, device: torch.device, weight_dtype: torch.dtype | None = None) -> dict:
+               hidden: int, device: torch.device, weight_dtype: torch.dtype | None = None,
+               fp8_activations: bool = False) -> dict:
     """The tile for ``tokens`` rows of x (``dtype``) routed to ``top_k`` of ``num_local_experts``
-    experts of this shape, whose weights are ``weight_dtype`` (x's by default): the override,
-    else the tuned table's, else the untuned form's."""
+    experts of this shape, whose weights are ``weight_dtype`` (x's by default), x rounded to FP8
+    with ``fp8_activations``: the override, else the tuned table's, else the untuned form's."""
     if MOE_TILE_OVERRIDE is not None:
         return dict(MOE_TILE_OVERRIDE)
-    tables = tuned_tables(weight_dtype or dtype, top_k, num_local_experts, inter, hidden, device)
+    tables = tuned_tables(weight_dtype or dtype, top_k, num_local_experts, inter, hidden, device, fp8_activations)
     if tables:
         table = moe_tiles.table_for(tables, get_num_sms(device), whole_device_sms(device), tokens)
         return moe_tiles.tile_for(table, tokens)
@@ -183,24 +184,64 @@ def _product(a, b, SWAP_AB: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constex
 
 
 @triton.jit
-def _scaled_product(a, b, s, SWAP_AB: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
-    """_product of FP8 weights ``b``, converted to a's dtype, each column scaled by ``s``."""
-    c = _product(a, b.to(a.dtype), SWAP_AB, PREC, UPCAST)
+def _scaled_product(a, b, s, a_s, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr, PREC: tl.constexpr,
+                    UPCAST: tl.constexpr):
+    """_product of FP8 weights ``b``, each column scaled by ``s``: converted to a's dtype, or with
+    A_FP8, where ``a`` is FP8 too, multiplied as they are (the tensor cores' FP8 rate) and each
+    row scaled by ``a_s``."""
+    if A_FP8:
+        c = _product(a, b, SWAP_AB, PREC, UPCAST)
+    else:
+        c = _product(a, b.to(a.dtype), SWAP_AB, PREC, UPCAST)
     if SWAP_AB:
         c = c * s[:, None]
+        if A_FP8:
+            c = c * a_s[None, :]
     else:
         c = c * s[None, :]
+        if A_FP8:
+            c = c * a_s[:, None]
     return c
+
+
+@triton.jit(do_not_specialize=["cols"])
+def _quantize_token_groups_kernel(X, Q, S, cols, stride_x, stride_q, stride_s, GROUP: tl.constexpr):
+    """One row's one group of GROUP columns to FP8, with its scale (fp8_blocks.quantize_token_groups)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * GROUP + tl.arange(0, GROUP)
+    mask = offs < cols
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=0)
+    scale = tl.where(amax > 0, amax / 448.0, 1.0)
+    q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+    tl.store(Q + row * stride_q + offs, q.to(Q.dtype.element_ty), mask=mask)
+    tl.store(S + row * stride_s + tl.program_id(1), scale)
+
+
+def quantize_token_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8_blocks.quantize_token_groups on the device, without a host sync (graph-safe). In
+    Triton's interpreter (UPCAST_DOT) torch's instead: the interpreter rounds fp32 to FP8 wrongly
+    just below a power of two (31.6 to 16), which a GPU's conversion does not."""
+    if UPCAST_DOT:
+        return fp8_blocks.quantize_token_groups(x)
+    rows, cols = x.shape
+    groups = triton.cdiv(cols, fp8_blocks.BLOCK)
+    q = torch.empty(rows, cols, dtype=fp8_blocks.FP8, device=x.device)
+    scale = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
+    if rows:
+        _quantize_token_groups_kernel[(rows, groups)](x, q, scale, cols, x.stride(0), q.stride(0), scale.stride(0),
+                                                       GROUP=fp8_blocks.BLOCK, num_warps=1)
+    return q, scale
 
 
 # num_valid and num_rows change with the batch: kept out of Triton's specialization so that a
 # new batch size compiles nothing (see triton_ops on specialization).
 @triton.jit(do_not_specialize=["num_valid", "num_rows"])
-def _moe_gemm_kernel(A, B, C, W, S, SORTED, BLOCK_EXPERT, NUM_PADDED,
+def _moe_gemm_kernel(A, B, C, W, S, AS, SORTED, BLOCK_EXPERT, NUM_PADDED,
                      N, K, num_valid, num_rows, stride_am, stride_be, stride_bn, stride_cm,
-                     stride_se, stride_sn,
+                     stride_se, stride_sn, stride_asm,
                      A_ROWS_PER_ID: tl.constexpr, GATE_UP: tl.constexpr, WEIGHTED: tl.constexpr,
-                     FP8_BLOCK: tl.constexpr, SWAP_AB: tl.constexpr,
+                     FP8_BLOCK: tl.constexpr, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_M: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     """C[id] = A[id // A_ROWS_PER_ID] @ B[expert]^T for the sorted ids of one block: with
@@ -208,7 +249,8 @@ def _moe_gemm_kernel(A, B, C, W, S, SORTED, BLOCK_EXPERT, NUM_PADDED,
     C is scaled by W[id]. Last dims are contiguous. FP8_BLOCK > 0: B is FP8 with a float32
     scale S per FP8_BLOCK x FP8_BLOCK block (fp8_blocks.py; the up's scale rows follow the
     gate's); each BLOCK_K step lies in one block (BLOCK_K divides FP8_BLOCK), so its product
-    is scaled per column once. SWAP_AB computes C^T = B A^T: the weights, which FP8 converts in
+    is scaled per column once. A_FP8: A is FP8 too, with a scale AS per row and FP8_BLOCK
+    columns (its activations rounded per token). SWAP_AB computes C^T = B A^T: the weights, which FP8 converts in
     registers, become the dot's first operand (Hopper's wgmma reads that one from registers,
     the second only from shared memory), and a block's few rows its narrow side."""
     pid = tl.program_id(0)
@@ -257,14 +299,18 @@ def _moe_gemm_kernel(A, B, C, W, S, SORTED, BLOCK_EXPERT, NUM_PADDED,
         b = tl.load(b_ptrs, mask=b_mask, other=0.0)
         if FP8_BLOCK:
             s = tl.load(s_ptrs + k0 // FP8_BLOCK, mask=cmask, other=0.0)
-            acc += _scaled_product(a, b, s, SWAP_AB, DOT_PREC, UPCAST)
+            if A_FP8:
+                a_s = tl.load(AS + rows * stride_asm + k0 // FP8_BLOCK, mask=valid, other=0.0)
+            else:
+                a_s = s  # not read
+            acc += _scaled_product(a, b, s, a_s, A_FP8, SWAP_AB, DOT_PREC, UPCAST)
         else:
             acc += _product(a, b, SWAP_AB, DOT_PREC, UPCAST)
         if GATE_UP:
             b_up = tl.load(b_ptrs + N * stride_bn, mask=b_mask, other=0.0)
             if FP8_BLOCK:
                 s_up = tl.load(s_up_ptrs + k0 // FP8_BLOCK, mask=cmask, other=0.0)
-                acc_up += _scaled_product(a, b_up, s_up, SWAP_AB, DOT_PREC, UPCAST)
+                acc_up += _scaled_product(a, b_up, s_up, a_s, A_FP8, SWAP_AB, DOT_PREC, UPCAST)
             else:
                 acc_up += _product(a, b_up, SWAP_AB, DOT_PREC, UPCAST)
         a_ptrs += BLOCK_K
@@ -280,7 +326,7 @@ def _moe_gemm_kernel(A, B, C, W, S, SORTED, BLOCK_EXPERT, NUM_PADDED,
 
 
 def _gemm(a, b, c, weights, scales, sorted_ids, block_expert, num_padded, num_valid, a_rows_per_id,
-          gate_up, cfg, prec):
+          gate_up, cfg, prec, a_scales=None):
     cfg = dict(cfg)
     bm, bn, bk, gm = (cfg.pop(key) for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
     swap_ab = bool(cfg.pop("SWAP_AB", 0))
@@ -291,11 +337,13 @@ def _gemm(a, b, c, weights, scales, sorted_ids, block_expert, num_padded, num_va
     if fp8_block and fp8_block % bk:
         raise ValueError(f"fused_moe: BLOCK_K {bk} must divide the FP8 scale block {fp8_block}")
     s = scales if scales is not None else b  # never read without FP8_BLOCK
+    a_s = a_scales if a_scales is not None else s  # never read without A_FP8
     _moe_gemm_kernel[grid](
-        a, b, c, weights, s, sorted_ids, block_expert, num_padded, n, b.shape[2], num_valid, num_rows,
-        a.stride(0), b.stride(0), b.stride(1), c.stride(0), s.stride(0), s.stride(1),
+        a, b, c, weights, s, a_s, sorted_ids, block_expert, num_padded, n, b.shape[2], num_valid, num_rows,
+        a.stride(0), b.stride(0), b.stride(1), c.stride(0), s.stride(0), s.stride(1), a_s.stride(0),
         A_ROWS_PER_ID=a_rows_per_id, GATE_UP=gate_up, WEIGHTED=weights is not None and not gate_up,
-        FP8_BLOCK=fp8_block, SWAP_AB=swap_ab, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, DOT_PREC=prec,
+        FP8_BLOCK=fp8_block, A_FP8=a_scales is not None, SWAP_AB=swap_ab, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        GROUP_M=gm, DOT_PREC=prec,
         UPCAST=UPCAST_DOT, **cfg)
 
 
@@ -306,9 +354,9 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
 def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               expert_offset: int = 0, gate_up_scale: torch.Tensor | None = None,
-              down_scale: torch.Tensor | None = None) -> torch.Tensor:
+              down_scale: torch.Tensor | None = None, fp8_activations: bool = False) -> torch.Tensor:
     """Sum over each token's k experts of weight * down(silu(gate(x)) * up(x)); shapes, the
-    expert range and the FP8 weights' scales as in ``reference.fused_moe``."""
+    expert range, the FP8 weights' scales and FP8 activations as in ``reference.fused_moe``."""
     T, H = x.shape
     e_local, two_inter, h_in = w_gate_up.shape
     inter = two_inter // 2
@@ -323,24 +371,35 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     weights = _contiguous(topk_weights).reshape(-1)
     if (gate_up_scale is None) != (down_scale is None):
         raise ValueError("fused_moe: FP8 experts need both gate_up_scale and down_scale")
+    if fp8_activations and gate_up_scale is None:
+        raise ValueError("fused_moe: FP8 activations go with FP8 weights (gate_up_scale, down_scale)")
     if gate_up_scale is not None:
         gate_up_scale, down_scale = _contiguous(gate_up_scale), _contiguous(down_scale)
-    cfg = moe_config(x.dtype, T, k, e_local, inter, H, x.device, w_gate_up.dtype)
+    cfg = moe_config(x.dtype, T, k, e_local, inter, H, x.device, w_gate_up.dtype, fp8_activations)
     sorted_ids, block_expert, num_padded = moe_align_block_size(topk_ids, cfg["BLOCK_M"], e_local,
                                                                 expert_offset)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
     act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
     # zeros: rows of assignments to other ranks' experts are never written
     y = torch.zeros(T * k, H, dtype=x.dtype, device=x.device)
-    _gemm(x, w_gate_up, act, None, gate_up_scale, sorted_ids, block_expert, num_padded, T * k, k, True, cfg,
-          prec)
-    _gemm(act, w_down, y, weights, down_scale, sorted_ids, block_expert, num_padded, T * k, 1, False, cfg,
-          prec)
+    if fp8_activations:  # each product's input rounded per token and 128 columns, as the step runs
+        x_fp8, x_scale = quantize_token_groups(x)
+        _gemm(x_fp8, w_gate_up, act, None, gate_up_scale, sorted_ids, block_expert, num_padded, T * k, k, True,
+              cfg, prec, x_scale)
+        act_fp8, act_scale = quantize_token_groups(act)
+        _gemm(act_fp8, w_down, y, weights, down_scale, sorted_ids, block_expert, num_padded, T * k, 1, False,
+              cfg, prec, act_scale)
+    else:
+        _gemm(x, w_gate_up, act, None, gate_up_scale, sorted_ids, block_expert, num_padded, T * k, k, True,
+              cfg, prec)
+        _gemm(act, w_down, y, weights, down_scale, sorted_ids, block_expert, num_padded, T * k, 1, False,
+              cfg, prec)
     return y.view(T, k, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
 
 
 def compile_moe_variants(num_local_experts: int, hidden: int, inter: int, top_k: int,
-                         dtype: torch.dtype, device: torch.device | str, fp8_experts: bool = False) -> None:
+                         dtype: torch.dtype, device: torch.device | str, fp8_experts: bool = False,
+                         fp8_activations: bool = False) -> None:
     """Compiles every tile this layer shape can take (its tuned tables', else both untuned
     forms): which one a step takes depends on its token count, and without this the first large
     prefill would stall for a compile (most of a second) mid-serving. The GEMMs' compiled form
@@ -350,7 +409,7 @@ def compile_moe_variants(num_local_experts: int, hidden: int, inter: int, top_k:
     global MOE_TILE_OVERRIDE
     device = torch.device(device)
     weight_dtype = fp8_blocks.FP8 if fp8_experts else dtype
-    tables = tuned_tables(weight_dtype, top_k, num_local_experts, inter, hidden, device)
+    tables = tuned_tables(weight_dtype, top_k, num_local_experts, inter, hidden, device, fp8_activations)
     if tables:  # every partition's: a worker moves between them
         tiles = [tile for table in tables.values() for _, tile in table]
     else:
@@ -358,7 +417,7 @@ def compile_moe_variants(num_local_experts: int, hidden: int, inter: int, top_k:
     x = torch.zeros(2, hidden, dtype=dtype, device=device)
     w_gate_up = torch.zeros(1, 2 * inter, hidden, dtype=dtype, device=device)
     w_down = torch.zeros(1, hidden, inter, dtype=dtype, device=device)
-    scales = {}
+    scales = {"fp8_activations": True} if fp8_activations else {}
     if fp8_experts:
         (w_gate_up, scales["gate_up_scale"]), (w_down, scales["down_scale"]) = (
             fp8_blocks.quantize_gate_up(w_gate_up), fp8_blocks.quantize(w_down))

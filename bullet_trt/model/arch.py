@@ -132,12 +132,16 @@ class ModelArch:
     def is_moe_layer(self, index: int) -> bool:
         return index in self.moe_layers
 
-    def fp8_experts(self, quantization: str) -> bool:
-        """Whether the experts are held as FP8 blocks under the engine's ``quantization``
-        (auto: where an FP8 checkpoint stores a mixture-of-experts model)."""
+    def expert_quantization(self, quantization: str) -> str:
+        """The engine's ``quantization`` as the experts take it: none, fp8 or fp8-w8a8 (auto:
+        fp8 where an FP8 checkpoint stores a mixture-of-experts model, else none)."""
         if quantization == "auto":
-            return self.fp8_checkpoint and bool(self.moe_layers)
-        return quantization == "fp8"
+            return "fp8" if self.fp8_checkpoint and self.moe_layers else "none"
+        return quantization
+
+    def fp8_experts(self, quantization: str) -> bool:
+        """Whether the experts are held as FP8 blocks under the engine's ``quantization``."""
+        return self.expert_quantization(quantization) != "none"
 
     def check_max_model_len(self, max_model_len: int) -> None:
         """Refuses contexts past the checkpoint's positions, and (sliding-window attention is not

@@ -154,9 +154,12 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(e, h, inter))
         self.register_parameter("gate_up_scale", None)
         self.register_parameter("down_scale", None)
+        self.fp8_activations = False  # the products' inputs rounded to FP8 too (quantization=fp8-w8a8)
 
-    def store_in_fp8(self) -> None:
-        """Re-declares the (not yet filled) weights as FP8, with a float32 scale per block."""
+    def store_in_fp8(self, activations: bool = False) -> None:
+        """Re-declares the (not yet filled) weights as FP8, with a float32 scale per block;
+        ``activations``: the experts' inputs are rounded to FP8 as each step runs."""
+        self.fp8_activations = activations
         e, two_inter, h = self.gate_up_proj.shape
         inter, device = two_inter // 2, self.gate_up_proj.device
 
@@ -192,7 +195,7 @@ class SparseMoeBlock(nn.Module):
             ids = unrouted_past(ids, real_rows)
         e = self.experts
         return self.tp.all_reduce(ops.fused_moe(x, e.gate_up_proj, e.down_proj, weights, ids, e.expert_offset,
-                                                e.gate_up_scale, e.down_scale))
+                                                e.gate_up_scale, e.down_scale, e.fp8_activations))
 
 
 NO_EXPERT = -1  # an expert id outside every rank's range: fused_moe leaves the assignment out
@@ -230,17 +233,20 @@ class CausalLM(nn.Module):
     torch.distributed process group of its ranks (None: the default group);
     ``collectives_in_graphs``: its collectives may be captured into CUDA graphs (Collectives);
     ``fp8_experts``: the MoE experts' weights are FP8 blocks (kernels/fp8_blocks.py), the rest
-    ``dtype``.
+    ``dtype``; ``fp8_activations``: their inputs are rounded to FP8 too, as each step runs.
     """
 
     def __init__(self, arch: ModelArch, dtype: torch.dtype, device: torch.device | str,
                  max_positions: int | None = None, shard: Shard = Shard(), group=None,
-                 collectives_in_graphs: bool = False, fp8_experts: bool = False):
+                 collectives_in_graphs: bool = False, fp8_experts: bool = False, fp8_activations: bool = False):
         super().__init__()
         shard.check(arch)
         if fp8_experts and not arch.moe_layers:
             raise ValueError(f"FP8 experts: {arch.source or 'the model'} has no MoE layers")
-        self.arch, self.dtype, self.shard, self.fp8_experts = arch, dtype, shard, fp8_experts
+        if fp8_activations and not fp8_experts:
+            raise ValueError("FP8 activations go with FP8 experts")
+        self.arch, self.dtype, self.shard = arch, dtype, shard
+        self.fp8_experts, self.fp8_activations = fp8_experts, fp8_activations
         self.tp = Collectives(shard, group, collectives_in_graphs)
         self.max_positions = max_positions or arch.max_position_embeddings
         # Built on meta, so no time goes into random init that the loader overwrites anyway.
@@ -252,7 +258,7 @@ class CausalLM(nn.Module):
         if fp8_experts:
             for module in self.modules():
                 if isinstance(module, Experts):
-                    module.store_in_fp8()
+                    module.store_in_fp8(fp8_activations)
         self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
         self._place(torch.device(device))
 

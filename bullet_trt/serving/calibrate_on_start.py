@@ -52,7 +52,7 @@ def _missing_calibration(cfg: EngineConfig) -> tuple[str, Path, str] | None:
     props = torch.cuda.get_device_properties(torch.device(cfg.resolve_device()))
     arch = ModelArch.from_checkpoint(cfg.checkpoint_path)
     found = find_calibration(cfg.engine_dir, props.name, props.multi_processor_count,
-                             moe_tiles_of(arch, props.name, arch.fp8_experts(cfg.quantization)))
+                             moe_tiles_of(arch, props.name, arch.expert_quantization(cfg.quantization)))
     target = calibration_file(cfg.engine_dir, props.name)
     if found.path is None:
         return found.note, target, "uncalibrated defaults"

@@ -70,7 +70,7 @@ def decode_rows(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts, dtype_bytes: 
     context = min(cfg.max_model_len, TYPICAL_CONTEXT)
     by_memory = plan_rank(arch, dtype_bytes, tp, total_memory, cfg.kv.gpu_memory_fraction, context, fp8_experts).rows
     perf, _ = load_perf_model(cfg.engine_dir, cost, gpu.name, total_sms,
-                              moe_tiles=moe_tiles_of(arch, gpu.name, fp8_experts))
+                              moe_tiles=moe_tiles_of(arch, gpu.name, arch.expert_quantization(cfg.quantization)))
     budget_ms = cfg.serve.tpot_slo_ms * cfg.serve.tpot_plan_fraction
     by_time = max([b for b in GRAPH_BUCKETS if perf.decode_ms(b, b * context, total_sms) <= budget_ms],
                   default=1)

@@ -151,7 +151,7 @@ def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (3
     model_fit = fit(cost, total, train)
     report = {"gpu": gpu, "total_sms": total, "points": len(points),
               "prefill_graph_tokens": list(session.piecewise.buckets) if session.piecewise else [],
-              **({"moe_tiles": tiles} if (tiles := moe_tiles_of(state.arch, gpu, state.fp8_experts)) else {}),
+              **({"moe_tiles": tiles} if (tiles := moe_tiles_of(state.arch, gpu, state.expert_quantization)) else {}),
               "train_median_abs_pct_error": round(median_abs_pct_error(model_fit, train), 2),
               "held_out_median_abs_pct_error": round(median_abs_pct_error(model_fit, held_out), 2)}
     model_fit.save(calibration_file(engine_dir, gpu), extra={"calibration": report})

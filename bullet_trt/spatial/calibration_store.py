@@ -39,15 +39,15 @@ def profile_file(engine_dir: str | Path, gpu_name: str) -> Path:
     return Path(engine_dir) / f"perf_profile.{gpu_slug(gpu_name)}.json"
 
 
-def moe_tiles_of(arch: ModelArch, gpu_name: str, fp8_experts: bool = False) -> str | None:
-    """The MoE kernels' tiles on this GPU (moe_tiles.fingerprint), and FP8 experts' weights
-    where they are (other kernels: a calibration of the bf16 experts is stale for them, and
-    the other way round); None for a dense model."""
+def moe_tiles_of(arch: ModelArch, gpu_name: str, expert_quantization: str = "none") -> str | None:
+    """The MoE kernels' tiles on this GPU (moe_tiles.fingerprint), and the experts'
+    quantization where they have one (fp8, fp8-w8a8: other kernels, so a calibration of the bf16
+    experts is stale for them, and the other way round); None for a dense model."""
     if not arch.moe_layers:
         return None
     tiles = moe_tiles.fingerprint(gpu_name, arch.num_experts, arch.moe_intermediate_size, arch.hidden_size,
                                   arch.num_experts_per_tok)
-    return f"{tiles}; experts fp8" if fp8_experts else tiles
+    return tiles if expert_quantization == "none" else f"{tiles}; experts {expert_quantization}"
 
 
 @dataclass(frozen=True)

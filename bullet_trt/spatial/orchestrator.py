@@ -177,7 +177,7 @@ class SpatialEngine:
         gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         perf, note = load_perf_model(self.cfg.engine_dir, cost, gpu_name, self.total_sms,
                                      worker_profiles(self.cfg)["prefill"].piecewise_graph_tokens,
-                                     moe_tiles_of(arch, gpu_name, self.state.fp8_experts) if gpu_name else None)
+                                     moe_tiles_of(arch, gpu_name, self.state.expert_quantization) if gpu_name else None)
         print(f"bullet_trt: performance model: {note}", file=sys.stderr, flush=True)
         return perf
 

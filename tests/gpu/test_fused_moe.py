@@ -28,6 +28,7 @@ from bullet_trt.tools.bench.moe_bench import graphed  # noqa: E402
 FP32, BF16 = torch.float32, torch.bfloat16
 # The interpreter truncates fp32 to bf16 where the GPU rounds: twice the error of one rounding.
 TOL = {FP32: 1e-4, BF16: 1e-2 if CUDA else 2e-2}
+FP8_ACT_BF16_TOL = 3e-2  # bf16 activations rounded to FP8: see the test
 # (hidden, inter, experts, top k)
 LAYER = (2048, 768, 128, 8) if CUDA else (64, 32, 16, 4)
 DECODE_TOKENS = (1, 7, 64, 256) if CUDA else (1, 5)
@@ -121,6 +122,33 @@ def test_every_tile_matches_reference(tile):
     x, weights, ids = routed(DECODE_TOKENS[-1], hidden, router, top_k)
     tmoe.MOE_TILE_OVERRIDE = tile
     check(tmoe.fused_moe(x, w_gate_up, w_down, weights, ids), want(x, w_gate_up, w_down, weights, ids), BF16)
+
+
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+@pytest.mark.parametrize("tokens", DECODE_TOKENS + PREFILL_TOKENS)
+def test_fp8_activations_compute_their_rounded_inputs(dtype, tokens):
+    """quantization=fp8-w8a8: x and each assignment's silu(gate) * up rounded to FP8 per token
+    and 128 columns, both operands of the products FP8: the reference over the same rounding."""
+    hidden, inter, experts, top_k = FP8_LAYER
+    fp8, (w_gate_up, w_down), router = fp8_layer(hidden, inter, experts)
+    x, weights, ids = routed(tokens, hidden, router.to(dtype), top_k)
+    got = tmoe.fused_moe(x, fp8["w_gate_up"], fp8["w_down"], weights, ids, gate_up_scale=fp8["gate_up_scale"],
+                         down_scale=fp8["down_scale"], fp8_activations=True)
+    expected = ref.fused_moe(x.float(), fp8["w_gate_up"], fp8["w_down"], weights.float(), ids,
+                             gate_up_scale=fp8["gate_up_scale"], down_scale=fp8["down_scale"], fp8_activations=True)
+    # bf16: the kernel rounds a bf16 silu(gate) * up to FP8, the reference an fp32 one; a few
+    # values land on the other side of an FP8 step
+    tol = TOL[FP32] if dtype == FP32 else FP8_ACT_BF16_TOL
+    assert rel_err(got, expected) <= tol
+    assert rel_err(expected, want(x, w_gate_up, w_down, weights, ids)) > 1e-3  # the rounding is there
+
+
+@pytest.mark.skipif(not CUDA, reason="the interpreter rounds fp32 to FP8 wrongly near powers of two")
+def test_activation_groups_quantize_on_the_device_as_torch_does():
+    x = (torch.randn(300, 200, device=DEV) * torch.linspace(0.1, 5.0, 200, device=DEV)).to(BF16)
+    q, scale = tmoe.quantize_token_groups(x)
+    want_q, want_scale = fp8_blocks.quantize_token_groups(x)
+    assert torch.equal(scale, want_scale) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
 
 
 SWAPPED = [{**tmoe.MOE_CONFIGS[(False, large)], moe_tiles.SWAP_AB: 1} for large in (False, True)]

@@ -25,7 +25,8 @@ The kernels take their tiles from the tuned table of the GPU and layer shape whe
 one (`bullet-trt bench moe-tune` measures it), so the layer table times what serving runs.
 
 --fp8-experts: the layers' experts as FP8 blocks (kernels/fp8_blocks.py; their bytes counted at
-one a weight plus the scales) and the engine served with quantization=fp8.
+one a weight plus the scales) and the engine served with quantization=fp8; --fp8-activations: their
+inputs rounded to FP8 too (quantization=fp8-w8a8; the products on FP8 tensor cores).
 
     bullet-trt bench moe [--engine-dir engines/qwen3-30b-a3b] [--json out.json]
     bash scripts/gpu_run.sh bench moe     # on a GPU machine: builds the dummy engine first
@@ -60,8 +61,9 @@ def moe_arch(name: str):
     return arch
 
 
-def moe_layers(arch, count: int, fp8: bool = False) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]]:
-    """(gate_up, down, router, the FP8 weights' scales or {}) of `count` layers, random, on the GPU."""
+def moe_layers(arch, count: int, fp8: bool = False,
+               fp8_activations: bool = False) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]]:
+    """(gate_up, down, router, fused_moe's FP8 arguments or {}) of `count` layers, random, on the GPU."""
     from bullet_trt.kernels import fp8_blocks
 
     e, h, inter = arch.num_experts, arch.hidden_size, arch.moe_intermediate_size
@@ -72,8 +74,8 @@ def moe_layers(arch, count: int, fp8: bool = False) -> list[tuple[torch.Tensor, 
     layers = []
     for _ in range(count):
         w_gate_up, w_down = normal(e, 2 * inter, h, std=h ** -0.5), normal(e, h, inter, std=inter ** -0.5)
-        scales = {}
-        if fp8:
+        scales = {"fp8_activations": True} if fp8_activations else {}
+        if fp8 or fp8_activations:
             (w_gate_up, scales["gate_up_scale"]), (w_down, scales["down_scale"]) = (
                 fp8_blocks.quantize_gate_up(w_gate_up), fp8_blocks.quantize(w_down))
         layers.append((w_gate_up, w_down, normal(e, h, std=h ** -0.5), scales))
@@ -109,13 +111,13 @@ def graphed(fn, stream=None):
 
 
 def layer_table(arch, num_layers: int, batches: list[int], prefill_tokens: list[int], bw: float,
-                rate: float, fp8: bool = False) -> dict:
+                rate: float, fp8: bool = False, fp8_activations: bool = False) -> dict:
     from bullet_trt.kernels import triton_ops as ops
 
     h, inter, k = arch.hidden_size, arch.moe_intermediate_size, arch.num_experts_per_tok
     # an FP8 expert: a byte a weight, and a float32 scale per 128 x 128 block
-    expert_bytes = 3 * h * inter * (1 + 4 / 128 ** 2) if fp8 else 3 * h * inter * 2
-    layers = moe_layers(arch, num_layers, fp8)
+    expert_bytes = 3 * h * inter * (1 + 4 / 128 ** 2) if fp8 or fp8_activations else 3 * h * inter * 2
+    layers = moe_layers(arch, num_layers, fp8, fp8_activations)
     out: dict = {"decode": [], "prefill": []}
     for batch in batches:
         x = torch.randn(batch, h, device="cuda").to(DTYPE)
@@ -148,7 +150,7 @@ def layer_table(arch, num_layers: int, batches: list[int], prefill_tokens: list[
 # -- the engine ---------------------------------------------------------------------------------
 
 def engine_table(engine_dir: str, batch: int, ctx: int, prefill_tokens: int, memory_fraction: float,
-                 bw: float, rate: float, fp8: bool = False) -> dict:
+                 bw: float, rate: float, quantization: str = "none") -> dict:
     from bullet_trt.config import load_engine_config
     from bullet_trt.engine.sampling import SamplingParams
     from bullet_trt.engine.session import BatchItem, TorchSession
@@ -157,8 +159,7 @@ def engine_table(engine_dir: str, batch: int, ctx: int, prefill_tokens: int, mem
     from bullet_trt.spatial.calibrate import time_ms
     from bullet_trt.spatial.perf_model import ModelCost, PrefillShape
 
-    cfg = load_engine_config(engine_dir, {"kv.gpu_memory_fraction": memory_fraction,
-                                          **({"quantization": "fp8"} if fp8 else {})})
+    cfg = load_engine_config(engine_dir, {"kv.gpu_memory_fraction": memory_fraction, "quantization": quantization})
     state, model = build_shared_state(cfg, share=False)
     state.kv_pool.normal_()
     arch = state.arch
@@ -221,10 +222,11 @@ def engine_table(engine_dir: str, batch: int, ctx: int, prefill_tokens: int, mem
     return row
 
 
-def markdown(result: dict, arch_name: str, layers: int, fp8: bool = False) -> str:
+def markdown(result: dict, arch_name: str, layers: int, quantization: str = "none") -> str:
     lines = [f"copy {result['copy_GBps']} GB/s, bf16 GEMM {result['gemm_TFLOPs']} TFLOP/s", ""]
     if "layers" in result:
-        experts = "FP8 experts, bf16 activations" if fp8 else "bf16"
+        experts = {"none": "bf16", "fp8": "FP8 experts, bf16 activations",
+                   "fp8-w8a8": "FP8 experts, FP8 activations"}[quantization]
         lines += [f"{arch_name} MoE layers ({layers} distinct, {experts}), decode as a CUDA graph",
                   "", "| decode rows | experts hit / layer | ms / layer | GB/s of routed experts | of copy BW |",
                   "|---|---|---|---|---|"]
@@ -257,10 +259,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the engine's kv.gpu_memory_fraction (its weights are most of the GPU)")
     ap.add_argument("--fp8-experts", action="store_true",
                     help="the experts as FP8 blocks: in the layer table, and the engine with quantization=fp8")
+    ap.add_argument("--fp8-activations", action="store_true",
+                    help="FP8 experts with their inputs rounded to FP8 too (quantization=fp8-w8a8)")
     ap.add_argument("--json", help="write every table's rows here")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench moe needs a CUDA GPU")
+    quantization = "fp8-w8a8" if args.fp8_activations else "fp8" if args.fp8_experts else "none"
     arch = moe_arch(args.arch)
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     stream = torch.cuda.current_stream()
@@ -269,16 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine_dir:  # first: the engine's weights need the memory the layers would hold
         result["engine"] = engine_table(args.engine_dir, args.batch, args.ctx, args.prefill_tokens,
                                         args.memory_fraction, result["copy_GBps"], result["gemm_TFLOPs"],
-                                        args.fp8_experts)
+                                        quantization)
         gc.collect()  # the engine's weights and graphs, before the layers take their memory
         torch.cuda.empty_cache()
     if not args.no_layers:
         batches = [int(b) for b in args.batches.split(",") if b]
         tokens = [int(t) for t in args.prefill_tokens_list.split(",") if t]
         result["layers"] = layer_table(arch, args.layers, batches, tokens, result["copy_GBps"],
-                                       result["gemm_TFLOPs"], args.fp8_experts)
-    result["fp8_experts"] = args.fp8_experts
-    print(markdown(result, args.arch, args.layers, args.fp8_experts))
+                                       result["gemm_TFLOPs"], quantization != "none", args.fp8_activations)
+    result["quantization"] = quantization
+    print(markdown(result, args.arch, args.layers, quantization))
     write_json(args.json, result)
     return 0
 

@@ -24,7 +24,8 @@ nearest table's, the whole GPU's where it is the only one), so the table says wh
 
 ``--fp8-experts`` tunes the layer with its experts as FP8 blocks (quantization=fp8): a table of
 its own (dtype float8_e4m3fn in its name), which FP8 experts take; without one they run the
-untuned tiles.
+untuned tiles. ``--fp8-activations`` tunes them with FP8 inputs too (quantization=fp8-w8a8; dtype
+float8_e4m3fn_w8a8).
 """
 from __future__ import annotations
 
@@ -62,10 +63,12 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-def layer_shape(arch, fp8: bool = False) -> dict:
-    """``dtype``: the experts' weights' (the activations are bf16 either way)."""
+def layer_shape(arch, fp8: bool = False, fp8_activations: bool = False) -> dict:
+    """``dtype``: the experts' weights', with ``_w8a8`` where the activations are FP8 too
+    (moe_tiles.dtype_label)."""
+    weights = "float8_e4m3fn" if fp8 or fp8_activations else "bfloat16"
     return {"experts": arch.num_experts, "inter": arch.moe_intermediate_size, "hidden": arch.hidden_size,
-            "top_k": arch.num_experts_per_tok, "dtype": "float8_e4m3fn" if fp8 else "bfloat16"}
+            "top_k": arch.num_experts_per_tok, "dtype": moe_tiles.dtype_label(weights, fp8_activations)}
 
 
 def partition(sms: int):
@@ -88,7 +91,8 @@ def partition(sms: int):
     return part, part.stream(split), part.actual_sms(split)[0 if role == "prefill" else 1]
 
 
-def time_tiles(arch, tokens_list: list[int], tiles: list[dict], stream=None, fp8: bool = False) -> list[dict]:
+def time_tiles(arch, tokens_list: list[int], tiles: list[dict], stream=None, fp8: bool = False,
+               fp8_activations: bool = False) -> list[dict]:
     """{tokens, tile, ms} (or error) for every token count and tile, captured and replayed on
     ``stream`` (an SM partition's) when given; ``fp8``: the experts as FP8 blocks."""
     import contextlib
@@ -99,7 +103,7 @@ def time_tiles(arch, tokens_list: list[int], tiles: list[dict], stream=None, fp8
     from bullet_trt.tools.bench.kernel_bench import do_bench
     from bullet_trt.tools.bench.moe_bench import DTYPE, graphed, moe_layers
 
-    (w_gate_up, w_down, router, scales), = moe_layers(arch, 1, fp8)
+    (w_gate_up, w_down, router, scales), = moe_layers(arch, 1, fp8, fp8_activations)
     k = arch.num_experts_per_tok
     out = []
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
@@ -125,16 +129,17 @@ def time_tiles(arch, tokens_list: list[int], tiles: list[dict], stream=None, fp8
     return out
 
 
-def kernels_tiles(arch, tokens_list: list[int], fp8: bool = False) -> dict[int, dict]:
+def kernels_tiles(arch, tokens_list: list[int], fp8: bool = False, fp8_activations: bool = False) -> dict[int, dict]:
     """The tile each token count takes now, at the SM count the kernels plan for (the tables
     already there: on a partition, the nearest one's)."""
     import torch
 
     from bullet_trt.kernels import fp8_blocks, triton_moe
 
-    weights = fp8_blocks.FP8 if fp8 else torch.bfloat16
+    weights = fp8_blocks.FP8 if fp8 or fp8_activations else torch.bfloat16
     return {t: triton_moe.moe_config(torch.bfloat16, t, arch.num_experts_per_tok, arch.num_experts,
-                                     arch.moe_intermediate_size, arch.hidden_size, torch.device("cuda"), weights)
+                                     arch.moe_intermediate_size, arch.hidden_size, torch.device("cuda"), weights,
+                                     fp8_activations)
             for t in tokens_list}
 
 
@@ -202,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sms", type=int, help="tune on a green-context partition of this many SMs (default: "
                     "the whole GPU)")
     ap.add_argument("--fp8-experts", action="store_true", help="tune the experts as FP8 blocks (quantization=fp8)")
+    ap.add_argument("--fp8-activations", action="store_true",
+                    help="tune FP8 experts with FP8 inputs (quantization=fp8-w8a8): a table of their own")
     ap.add_argument("--json", help="write this shard's timings here (for --merge)")
     ap.add_argument("--merge", nargs="+", metavar="PART", help="join these shards' timings into the table")
     ap.add_argument("--out-dir", help="write the table (named by GPU and layer) into this directory")
@@ -230,7 +237,8 @@ def tune(args) -> dict:
     arch = moe_arch(args.arch)
     index, count = parse_shard(args.shard)
     tokens = [int(t) for t in args.tokens.split(",") if t]
-    tiles = tile_space(swapped=args.fp8_experts)[index::count]
+    fp8 = args.fp8_experts or args.fp8_activations
+    tiles = tile_space(swapped=fp8)[index::count]
     part, stream, sms = None, None, None
     if args.sms is not None:
         part, stream, sms = partition(args.sms)
@@ -238,10 +246,11 @@ def tune(args) -> dict:
     where = f"on {sms} SMs" if sms is not None else "on the whole GPU"
     print(f"{torch.cuda.get_device_name()} {where}: {len(tiles)} tiles x {len(tokens)} token counts", flush=True)
     try:
-        result = {"device": torch.cuda.get_device_name(), "layer": layer_shape(arch, args.fp8_experts), "sms": sms,
-                  "tuned_on": time.strftime("%Y-%m-%d"), "shard": args.shard,
-                  "timings": time_tiles(arch, tokens, tiles, stream, args.fp8_experts),
-                  "untuned": untuned_tiles(arch, tokens), "before": kernels_tiles(arch, tokens, args.fp8_experts)}
+        result = {"device": torch.cuda.get_device_name(), "layer": layer_shape(arch, fp8, args.fp8_activations),
+                  "sms": sms, "tuned_on": time.strftime("%Y-%m-%d"), "shard": args.shard,
+                  "timings": time_tiles(arch, tokens, tiles, stream, fp8, args.fp8_activations),
+                  "untuned": untuned_tiles(arch, tokens),
+                  "before": kernels_tiles(arch, tokens, fp8, args.fp8_activations)}
     finally:
         sm_budget.set_num_sms(None)
         if part is not None:
