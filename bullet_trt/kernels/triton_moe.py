@@ -250,9 +250,10 @@ def _moe_gemm_kernel(A, B, C, W, S, AS, SORTED, BLOCK_EXPERT, NUM_PADDED,
     scale S per FP8_BLOCK x FP8_BLOCK block (fp8_blocks.py; the up's scale rows follow the
     gate's); each BLOCK_K step lies in one block (BLOCK_K divides FP8_BLOCK), so its product
     is scaled per column once. A_FP8: A is FP8 too, with a scale AS per row and FP8_BLOCK
-    columns (its activations rounded per token). SWAP_AB computes C^T = B A^T: the weights, which FP8 converts in
-    registers, become the dot's first operand (Hopper's wgmma reads that one from registers,
-    the second only from shared memory), and a block's few rows its narrow side."""
+    columns (its activations rounded per token). SWAP_AB computes C^T = B A^T: the weights,
+    which FP8 converts in registers, become the dot's first operand (Hopper's wgmma reads that
+    one from registers, the second only from shared memory), and a block's few rows its narrow
+    side."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(num_rows, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -343,8 +344,7 @@ def _gemm(a, b, c, weights, scales, sorted_ids, block_expert, num_padded, num_va
         a.stride(0), b.stride(0), b.stride(1), c.stride(0), s.stride(0), s.stride(1), a_s.stride(0),
         A_ROWS_PER_ID=a_rows_per_id, GATE_UP=gate_up, WEIGHTED=weights is not None and not gate_up,
         FP8_BLOCK=fp8_block, A_FP8=a_scales is not None, SWAP_AB=swap_ab, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        GROUP_M=gm, DOT_PREC=prec,
-        UPCAST=UPCAST_DOT, **cfg)
+        GROUP_M=gm, DOT_PREC=prec, UPCAST=UPCAST_DOT, **cfg)
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
