@@ -1,22 +1,17 @@
 """The fused MoE's grouped GEMM compiles for Hopper (sm_90) in every form it can take, bf16 and
 FP8 weights, bf16 and FP8 activations with FP8 weights, plain and with the operands swapped,
 gate-and-up and down, and so does the activations' FP8 rounding, on any machine (as
-tests/test_sample_kernels_compile.py does for the sampling kernels, and for the same reason: the
-interpreter runs code its compiler may refuse). Its own process: the interpreter, once set for
-this one, replaces every kernel."""
+tests/test_sample_kernels_compile.py does for the sampling kernels; tests/hopper_compile.py says
+why in a process of its own)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+from tests.hopper_compile import compile_script_output
 
-ROOT = Path(__file__).resolve().parents[1]
+pytest.importorskip("triton")
 
 COMPILE = textwrap.dedent("""
     import itertools
@@ -53,10 +48,5 @@ COMPILE = textwrap.dedent("""
 
 
 def test_the_moe_gemm_compiles_for_hopper_in_every_form():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.split("\n")[:-1]
+    lines = compile_script_output(COMPILE).split("\n")[:-1]
     assert len(lines) == 13 and "compiled fp8=1 a_fp8=1 swap=1 gate_up=1" in lines and lines[-1] == "compiled quantize"
