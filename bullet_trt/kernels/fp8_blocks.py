@@ -27,24 +27,33 @@ def scale_shape(rows: int, cols: int) -> tuple[int, int]:
     return -(-rows // BLOCK), -(-cols // BLOCK)
 
 
-def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q in FP8, scales float32 (..., ceil(rows / 128), ceil(cols / 128))) for w (..., rows, cols)."""
+def _quantize_blocks(w: torch.Tensor, block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q in FP8, a float32 scale per block of ``block_rows`` x BLOCK) for w (..., rows, cols)."""
     *lead, rows, cols = w.shape
-    rb, cb = scale_shape(rows, cols)
-    padded = torch.zeros(*lead, rb * BLOCK, cb * BLOCK, dtype=torch.float32, device=w.device)
+    rb, cb = -(-rows // block_rows), -(-cols // BLOCK)
+    padded = torch.zeros(*lead, rb * block_rows, cb * BLOCK, dtype=torch.float32, device=w.device)
     padded[..., :rows, :cols] = w
-    blocks = padded.view(*lead, rb, BLOCK, cb, BLOCK)
+    blocks = padded.view(*lead, rb, block_rows, cb, BLOCK)
     amax = blocks.abs().amax(dim=(-3, -1))
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     q = (blocks / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return q.view(*lead, rb * BLOCK, cb * BLOCK)[..., :rows, :cols].contiguous(), scale
+    return q.view(*lead, rb * block_rows, cb * BLOCK)[..., :rows, :cols].contiguous(), scale
+
+
+def _dequantize_blocks(q: torch.Tensor, scale: torch.Tensor, block_rows: int, dtype: torch.dtype) -> torch.Tensor:
+    rows, cols = q.shape[-2:]
+    full = scale.repeat_interleave(block_rows, dim=-2).repeat_interleave(BLOCK, dim=-1)[..., :rows, :cols]
+    return (q.to(torch.float32) * full).to(dtype)
+
+
+def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q in FP8, scales float32 (..., ceil(rows / 128), ceil(cols / 128))) for w (..., rows, cols)."""
+    return _quantize_blocks(w, BLOCK)
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """W (..., rows, cols) in ``dtype`` from its FP8 blocks and their scales."""
-    rows, cols = q.shape[-2:]
-    full = scale.repeat_interleave(BLOCK, dim=-2).repeat_interleave(BLOCK, dim=-1)[..., :rows, :cols]
-    return (q.to(torch.float32) * full).to(dtype)
+    return _dequantize_blocks(q, scale, BLOCK, dtype)
 
 
 def quantize_gate_up(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,20 +70,17 @@ def dequantize_gate_up(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype)
     return torch.cat([dequantize(gate, sg, dtype), dequantize(up, su, dtype)], dim=-2)
 
 
+def quantize_experts(w_gate_up: torch.Tensor, w_down: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A layer's stacked experts as FP8 blocks: fused_moe's keyword arguments for them."""
+    (gate_up, gate_up_scale), (down, down_scale) = quantize_gate_up(w_gate_up), quantize(w_down)
+    return dict(w_gate_up=gate_up, w_down=down, gate_up_scale=gate_up_scale, down_scale=down_scale)
+
+
 def quantize_token_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q in FP8, scales float32 (rows, ceil(cols / 128))) for activations x (rows, cols): one
     scale per row and 128 columns."""
-    rows, cols = x.shape
-    groups = -(-cols // BLOCK)
-    padded = torch.zeros(rows, groups * BLOCK, dtype=torch.float32, device=x.device)
-    padded[:, :cols] = x
-    blocks = padded.view(rows, groups, BLOCK)
-    amax = blocks.abs().amax(dim=-1)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    q = (blocks / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return q.view(rows, groups * BLOCK)[:, :cols].contiguous(), scale
+    return _quantize_blocks(x, 1)
 
 
 def dequantize_token_groups(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    cols = q.shape[-1]
-    return (q.to(torch.float32) * scale.repeat_interleave(BLOCK, dim=-1)[:, :cols]).to(dtype)
+    return _dequantize_blocks(q, scale, 1, dtype)

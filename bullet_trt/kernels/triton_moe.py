@@ -419,8 +419,9 @@ def compile_moe_variants(num_local_experts: int, hidden: int, inter: int, top_k:
     w_down = torch.zeros(1, hidden, inter, dtype=dtype, device=device)
     scales = {"fp8_activations": True} if fp8_activations else {}
     if fp8_experts:
-        (w_gate_up, scales["gate_up_scale"]), (w_down, scales["down_scale"]) = (
-            fp8_blocks.quantize_gate_up(w_gate_up), fp8_blocks.quantize(w_down))
+        fp8 = fp8_blocks.quantize_experts(w_gate_up, w_down)
+        w_gate_up, w_down = fp8.pop("w_gate_up"), fp8.pop("w_down")
+        scales.update(fp8)
     ids = torch.zeros(2, top_k, dtype=torch.int32, device=device)
     weights = torch.ones(2, top_k, dtype=dtype, device=device)
     saved = MOE_TILE_OVERRIDE

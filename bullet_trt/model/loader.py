@@ -117,13 +117,17 @@ def _read(f, name: str, shard: Shard, arch: ModelArch, dest: torch.Tensor | Fp8T
         dest.narrow(part.dim, rows, dest.shape[part.dim] - rows).zero_()
 
 
-def _scale(files: dict[str, Path], name: str) -> torch.Tensor | None:
-    """The block scales of an FP8 checkpoint's tensor ``name``, from whichever file holds them."""
-    path = files.get(name + SCALE_SUFFIX)
-    if path is None:
+def _scale(f, path: Path, files: dict[str, Path], name: str) -> torch.Tensor | None:
+    """The block scales of an FP8 checkpoint's tensor ``name``: from ``f``, the open file at
+    ``path`` that holds the tensor, where they are beside it (opening a shard parses its whole
+    header), else from whichever file holds them."""
+    where = files.get(name + SCALE_SUFFIX)
+    if where is None:
         return None
-    with safe_open(path, framework="pt") as f:
+    if where == path:
         return f.get_tensor(name + SCALE_SUFFIX).float()
+    with safe_open(where, framework="pt") as other:
+        return other.get_tensor(name + SCALE_SUFFIX).float()
 
 
 @torch.no_grad()
@@ -152,5 +156,5 @@ def load_checkpoint(model: CausalLM, checkpoint_dir: str | Path, dtype: torch.dt
             for name in names:
                 if name not in present:
                     raise ValueError(f"{path}: tensor {name!r} is missing (the index says it is here)")
-                scale = _scale(files, name) if arch.fp8_checkpoint else None
+                scale = _scale(f, path, files, name) if arch.fp8_checkpoint else None
                 _read(f, name, shard, arch, params[name], dtype, path, scale)

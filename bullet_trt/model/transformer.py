@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from bullet_trt.kernels import AttentionMetadata, fp8_blocks, ops_for
 from bullet_trt.model.arch import ModelArch
-from bullet_trt.model.expert_weights import scale_name
+from bullet_trt.model.expert_weights import Fp8Target, scale_name
 from bullet_trt.model.rope import build_cos_sin_cache
 from bullet_trt.model.tensor_parallel import Collectives, Shard
 
@@ -437,10 +437,7 @@ class CausalLM(nn.Module):
                 whole.normal_(0.0, 1.0 if "embed_tokens" in name else shape[-1] ** -0.5, generator=gen)
                 if fp8:
                     mine = whole if part is None else whole.narrow(part.dim, part.start, part.stop - part.start)
-                    quantize = fp8_blocks.quantize_gate_up if name.endswith("gate_up_proj") else fp8_blocks.quantize
-                    q, scale = quantize(mine)
-                    p.copy_(q)
-                    params[scale_name(name)].copy_(scale)
+                    Fp8Target(p, params[scale_name(name)], gate_up=name.endswith("gate_up_proj")).fill(mine)
                 elif part is not None:
                     rows = part.stop - part.start
                     p.zero_().narrow(part.dim, 0, rows).copy_(whole.narrow(part.dim, part.start, rows))

@@ -65,12 +65,13 @@ def decode_rows(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts, dtype_bytes: 
     total_memory, total_sms = gpu.total_memory, gpu.total_sms
     tp = cfg.parallel.tensor_parallel_size
     # a tensor-parallel rank: its share of the step's work, its pool beside its share of the weights
-    fp8_experts = arch.fp8_experts(cfg.quantization)
+    experts = arch.expert_quantization(cfg.quantization)
+    fp8_experts = experts != "none"
     cost = ModelCost.from_arch(arch, dtype_bytes, fp8_experts).per_rank(tp, kv_heads_per_rank(arch, tp), arch.num_kv_heads)
     context = min(cfg.max_model_len, TYPICAL_CONTEXT)
     by_memory = plan_rank(arch, dtype_bytes, tp, total_memory, cfg.kv.gpu_memory_fraction, context, fp8_experts).rows
     perf, _ = load_perf_model(cfg.engine_dir, cost, gpu.name, total_sms,
-                              moe_tiles=moe_tiles_of(arch, gpu.name, arch.expert_quantization(cfg.quantization)))
+                              moe_tiles=moe_tiles_of(arch, gpu.name, experts))
     budget_ms = cfg.serve.tpot_slo_ms * cfg.serve.tpot_plan_fraction
     by_time = max([b for b in GRAPH_BUCKETS if perf.decode_ms(b, b * context, total_sms) <= budget_ms],
                   default=1)

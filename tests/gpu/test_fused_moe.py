@@ -82,10 +82,9 @@ def fp8_layer(hidden, inter, experts):
     w_gate_up, w_down, router = layer(BF16, hidden, inter, experts)
     w_gate_up = (w_gate_up.float() * torch.linspace(0.25, 4.0, 2 * inter, device=DEV)[:, None]).to(BF16)
     w_down = (w_down.float() * torch.linspace(4.0, 0.25, inter, device=DEV)).to(BF16)
-    (q_gate_up, s_gate_up), (q_down, s_down) = fp8_blocks.quantize_gate_up(w_gate_up), fp8_blocks.quantize(w_down)
-    fp8 = dict(w_gate_up=q_gate_up, w_down=q_down, gate_up_scale=s_gate_up, down_scale=s_down)
-    dequantized = (fp8_blocks.dequantize_gate_up(q_gate_up, s_gate_up, FP32),
-                   fp8_blocks.dequantize(q_down, s_down, FP32))
+    fp8 = fp8_blocks.quantize_experts(w_gate_up, w_down)
+    dequantized = (fp8_blocks.dequantize_gate_up(fp8["w_gate_up"], fp8["gate_up_scale"], FP32),
+                   fp8_blocks.dequantize(fp8["w_down"], fp8["down_scale"], FP32))
     return fp8, dequantized, router
 
 

@@ -51,6 +51,14 @@ def our_last_logits(ckpt, prompts: list[list[int]], block_size: int, dtype=torch
         return model.compute_logits(hidden[meta.cu_seqlens_q[1:].long() - 1]).cpu()
 
 
+def argmax_gaps(ckpt, prompt: list[int], tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each generated token, how far its fp32 reference logit lies below the reference's
+    maximum, and the step's largest logit (the scale bf16 error goes by)."""
+    logits = hf_logits(ckpt, prompt + tokens)[len(prompt) - 1:-1]
+    chosen = logits.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1)
+    return logits.max(dim=-1).values - chosen, logits.abs().max(dim=-1).values
+
+
 def random_prompts(n: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, 2000, (int(torch.randint(9, 70, (1,), generator=g)),), generator=g).tolist()
@@ -80,10 +88,7 @@ def test_bf16_greedy_tokens_are_argmax_within_tolerance(checkpoint, family, tmp_
     with LLM(str(engine), **{"serve.mode": "chunked", "kv.num_blocks": 256}) as llm:
         out = llm.generate_token_ids([prompt], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))[0]
     assert len(out.token_ids) == 32
-    logits = hf_logits(ckpt, prompt + out.token_ids)[len(prompt) - 1:-1]
-    scale = logits.abs().max(dim=-1).values
-    chosen = logits.gather(1, torch.tensor(out.token_ids).unsqueeze(1)).squeeze(1)
-    gap = logits.max(dim=-1).values - chosen
+    gap, scale = argmax_gaps(ckpt, prompt, out.token_ids)
     assert bool((gap <= BF16_REL_TOL * scale).all()), gap.tolist()
     exact = sum(int(g == 0) for g in gap.tolist())
     assert exact >= 24  # most steps pick the reference's own argmax
@@ -195,8 +200,5 @@ def test_fp8_experts_serve_greedy_argmax_tokens(checkpoint, mode, tmp_path, requ
         settings["serve.partitioner"] = "green"
     with LLM(str(engine), **settings) as llm:
         out = llm.generate_token_ids([prompt], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))[0]
-    logits = hf_logits(dequantized_copy(ckpt, tmp_path / "dequantized"), prompt + out.token_ids)[len(prompt) - 1:-1]
-    scale = logits.abs().max(dim=-1).values
-    chosen = logits.gather(1, torch.tensor(out.token_ids).unsqueeze(1)).squeeze(1)
-    gap = logits.max(dim=-1).values - chosen
+    gap, scale = argmax_gaps(dequantized_copy(ckpt, tmp_path / "dequantized"), prompt, out.token_ids)
     assert len(out.token_ids) == 32 and bool((gap <= BF16_REL_TOL * scale).all()), gap.tolist()

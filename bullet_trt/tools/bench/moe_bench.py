@@ -76,8 +76,9 @@ def moe_layers(arch, count: int, fp8: bool = False,
         w_gate_up, w_down = normal(e, 2 * inter, h, std=h ** -0.5), normal(e, h, inter, std=inter ** -0.5)
         scales = {"fp8_activations": True} if fp8_activations else {}
         if fp8 or fp8_activations:
-            (w_gate_up, scales["gate_up_scale"]), (w_down, scales["down_scale"]) = (
-                fp8_blocks.quantize_gate_up(w_gate_up), fp8_blocks.quantize(w_down))
+            blocks = fp8_blocks.quantize_experts(w_gate_up, w_down)
+            w_gate_up, w_down = blocks.pop("w_gate_up"), blocks.pop("w_down")
+            scales.update(blocks)
         layers.append((w_gate_up, w_down, normal(e, h, std=h ** -0.5), scales))
     return layers
 
