@@ -170,17 +170,21 @@ def test_the_kv_pool_keeps_the_engine_within_its_memory_fraction(tmp_path):
 @pytest.mark.parametrize("variant", ["qwen3_moe", "qwen3_moe-mixed"])
 @pytest.mark.parametrize("activations", [False, True], ids=["fp8", "fp8-w8a8"])
 def test_fp8_experts_match_transformers_on_their_dequantized_weights(checkpoint, variant, activations, tmp_path):
-    """quantization=fp8 on a GPU: the Triton kernel over FP8 blocks, against transformers holding
-    the weights those blocks stand for (tests/test_fp8_experts.py checks the same on CPU); with
-    FP8 activations (fp8-w8a8) their rounding adds a few percent, 10% allowed."""
+    """quantization=fp8 on a GPU: the Triton kernel over FP8 blocks, against transformers' fp32
+    logits over the weights those blocks stand for (tests/test_fp8_experts.py checks the same on
+    CPU), no farther from them than bf16 itself gets on those weights; with FP8 activations
+    (fp8-w8a8) their rounding adds a few percent, 10% allowed."""
     from tests.test_fp8_experts import dequantized_copy
 
     ckpt = checkpoint(variant)
     prompts = random_prompts(8, seed=4)
     reference = dequantized_copy(ckpt, tmp_path / "dequantized")
     refs = torch.stack([hf_logits(reference, p)[-1] for p in prompts])
+    # a routed model's bf16 error varies with the prompts: a router score near a tie picks
+    # another expert in bf16 (these prompts: transformers in bf16 lands 4.7% from its fp32 logits)
+    bf16_error = rel_err(our_last_logits(reference, prompts, block_size=16), refs)
     got = our_last_logits(ckpt, prompts, block_size=16, fp8_experts=True, fp8_activations=activations)
-    assert rel_err(got, refs) < (0.1 if activations else BF16_REL_TOL)
+    assert rel_err(got, refs) < max(0.1 if activations else BF16_REL_TOL, 1.25 * bf16_error)
 
 
 @pytest.mark.parametrize("mode", ["chunked", "bullet"])
