@@ -159,3 +159,25 @@ def test_a_saved_calibration_replaces_the_old_file_whole(tmp_path):
     perf.save(path, extra={"calibration": {"gpu": H200, "moe_tiles": "untuned"}})
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no part file left behind
     assert yaml.safe_load(path.read_text())["calibration"]["moe_tiles"] == "untuned"
+
+
+def test_quantized_experts_keep_their_own_calibration_beside_the_bf16_one(tmp_path):
+    bf16, w8a8 = calibration_file(tmp_path, H200), calibration_file(tmp_path, H200, "fp8-w8a8")
+    assert w8a8.name == "perf_model.nvidia-h200.fp8-w8a8.yaml" and bf16.name == "perf_model.nvidia-h200.yaml"
+    shutil.copy(H200_MOE_CALIBRATION, bf16)
+    tiles = moe_tiles_of(MOE_ARCH, H200, "fp8-w8a8")
+    assert find_calibration(tmp_path, H200, 132, tiles, "fp8-w8a8").path is None  # the bf16 one is not its
+    shutil.copy(H200_MOE_CALIBRATION.with_name("perf_model_h200_qwen3-30b-a3b.fp8-w8a8.yaml"), w8a8)
+    found = find_calibration(tmp_path, H200, 132, tiles, "fp8-w8a8")
+    assert found.path == w8a8 and found.stale == ""
+    assert find_calibration(tmp_path, H200, 132, moe_tiles_of(MOE_ARCH, H200)).path == bf16
+
+
+def test_the_stored_moe_calibrations_timed_the_shipped_tables_of_their_experts():
+    """Tuning one dtype's tiles (FP8's) leaves the other's calibration true; a table change
+    that stales a stored calibration shows here, before a server measures again at start."""
+    for quantization, stored in [("none", H200_MOE_CALIBRATION),
+                                 ("fp8-w8a8", H200_MOE_CALIBRATION.with_name(
+                                     "perf_model_h200_qwen3-30b-a3b.fp8-w8a8.yaml"))]:
+        recorded = yaml.safe_load(stored.read_text())["calibration"]["moe_tiles"]
+        assert recorded == moe_tiles_of(MOE_ARCH, H200, quantization), stored.name

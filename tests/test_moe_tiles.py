@@ -134,16 +134,24 @@ def test_a_partitions_table_serves_only_the_token_counts_it_was_tuned_on():
     assert moe_tiles.table_for({68: decode_68}, 68, 132, 4096) is decode_68  # nothing else to take
 
 
-def test_the_fingerprint_names_every_partitions_table_and_only_this_gpus(tmp_path):
+def test_the_fingerprint_names_every_partitions_table_and_only_this_gpus_and_dtypes(tmp_path):
     name = functools.partial(moe_tiles.table_name, "NVIDIA H200", 128, 768, 2048, 8, "bfloat16")
+    fingerprint = functools.partial(moe_tiles.fingerprint, "NVIDIA H200", 128, 768, 2048, 8, "bfloat16",
+                                    tables_dir=tmp_path)
     write(tmp_path, name())
     write(tmp_path, name().replace("H200", "H200_NVL"))
-    whole = moe_tiles.fingerprint("NVIDIA H200", 128, 768, 2048, 8, tmp_path)
+    whole = fingerprint()
     assert whole.startswith(name() + "#") and whole.count(".json#") == 1  # not the H200 NVL's
     write(tmp_path, name(68), ((1, MID),))
-    with_partition = moe_tiles.fingerprint("NVIDIA H200", 128, 768, 2048, 8, tmp_path)
+    with_partition = fingerprint()
     assert with_partition.count(".json#") == 2 and whole in with_partition  # a calibration goes stale
     assert f"{name(68)}#" in with_partition
+    # FP8 experts' tables are other kernels': tuning them leaves the bf16 calibration true
+    for dtype in ("float8_e4m3fn", "float8_e4m3fn_w8a8"):
+        write(tmp_path, moe_tiles.table_name("NVIDIA H200", 128, 768, 2048, 8, dtype))
+    assert fingerprint() == with_partition
+    w8a8 = moe_tiles.fingerprint("NVIDIA H200", 128, 768, 2048, 8, "float8_e4m3fn_w8a8", tmp_path)
+    assert w8a8.count(".json#") == 1 and "dtype=float8_e4m3fn_w8a8," in w8a8
 
 
 def test_shards_of_different_gpus_are_not_merged():
@@ -158,8 +166,10 @@ def test_every_shipped_table_is_named_by_what_it_holds(path):
     assert path.name == moe_tiles.table_name(data["device"], layer["experts"], layer["inter"], layer["hidden"],
                                              layer["top_k"], layer["dtype"], data.get("sms"))
     table = moe_tiles.parse_table(data, path.name)
-    if data.get("sms") is None:  # the whole GPU's table serves every call: one row has a row of its own
-        assert table[0][0] == 1
+    if data.get("sms") is None:
+        # the whole GPU's table serves every call, a call below its first row with that row's
+        # tile: bf16's starts at 1 token, FP8's at serving's batches (64 and 256 rows)
+        assert table[0][0] <= 256 and table[-1][0] >= 4096
     else:  # a partition's serves only the calls its rows span (table_for), decode's at the least
         assert table[0][0] <= 64 and table[-1][0] >= 512
 

@@ -84,12 +84,14 @@ def table_for(tables: dict[int | None, tuple[tuple[int, dict], ...]], sms: int, 
     return tables[nearest_sms(spanning or list(tables), sms, total_sms)]
 
 
-def fingerprint(device_name: str, num_experts: int, inter: int, hidden: int, top_k: int,
+def fingerprint(device_name: str, num_experts: int, inter: int, hidden: int, top_k: int, dtype: str,
                 tables_dir: Path = TABLES_DIR) -> str:
-    """Which tiles the kernels take for this GPU and layer shape, as a calibration records it:
-    "untuned", or each table's name (any dtype, any SM partition) with a digest of its contents.
-    A calibration measured under other tiles describes kernels that no longer run."""
-    found = [p for p, _ in _matching(_names(device_name, num_experts, inter, hidden, top_k, None), tables_dir)]
+    """Which tiles the kernels of ``dtype`` (a table's dtype, ``dtype_label``) take for this GPU
+    and layer shape, as a calibration records it: "untuned", or each such table's name (any SM
+    partition) with a digest of its contents. A calibration measured under other tiles describes
+    kernels that no longer run; another dtype's tables are other kernels, whose tuning leaves it
+    true."""
+    found = [p for p, _ in _matching(_names(device_name, num_experts, inter, hidden, top_k, dtype), tables_dir)]
     if not found:
         return "untuned"
     return ",".join(f"{p.name}#{hashlib.sha256(p.read_bytes()).hexdigest()[:12]}" for p in found)

@@ -30,23 +30,33 @@ def gpu_slug(gpu_name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
 
 
-def calibration_file(engine_dir: str | Path, gpu_name: str) -> Path:
-    return Path(engine_dir) / f"perf_model.{gpu_slug(gpu_name)}.yaml"
+def _suffix(expert_quantization: str) -> str:
+    # quantized experts run other kernels at other speeds: their calibration is kept beside the
+    # bf16 experts' one, so that an engine directory served both ways keeps both
+    return "" if expert_quantization == "none" else f".{expert_quantization}"
 
 
-def profile_file(engine_dir: str | Path, gpu_name: str) -> Path:
+def calibration_file(engine_dir: str | Path, gpu_name: str, expert_quantization: str = "none") -> Path:
+    return Path(engine_dir) / f"perf_model.{gpu_slug(gpu_name)}{_suffix(expert_quantization)}.yaml"
+
+
+def profile_file(engine_dir: str | Path, gpu_name: str, expert_quantization: str = "none") -> Path:
     """Every point the calibration measured, next to it."""
-    return Path(engine_dir) / f"perf_profile.{gpu_slug(gpu_name)}.json"
+    return Path(engine_dir) / f"perf_profile.{gpu_slug(gpu_name)}{_suffix(expert_quantization)}.json"
 
 
-def moe_tiles_of(arch: ModelArch, gpu_name: str, expert_quantization: str = "none") -> str | None:
-    """The MoE kernels' tiles on this GPU (moe_tiles.fingerprint), and the experts'
-    quantization where they have one (fp8, fp8-w8a8: other kernels, so a calibration of the bf16
+def moe_tiles_of(arch: ModelArch, gpu_name: str, expert_quantization: str = "none",
+                 model_dtype: str = "bfloat16") -> str | None:
+    """The MoE kernels' tiles on this GPU (moe_tiles.fingerprint of the tables their weights'
+    dtype takes: ``model_dtype``'s, or FP8's where ``expert_quantization`` names it), and that
+    quantization where there is one (fp8, fp8-w8a8: other kernels, so a calibration of the bf16
     experts is stale for them, and the other way round); None for a dense model."""
     if not arch.moe_layers:
         return None
+    weights = model_dtype if expert_quantization == "none" else "float8_e4m3fn"
+    table_dtype = moe_tiles.dtype_label(weights, expert_quantization == "fp8-w8a8")
     tiles = moe_tiles.fingerprint(gpu_name, arch.num_experts, arch.moe_intermediate_size, arch.hidden_size,
-                                  arch.num_experts_per_tok)
+                                  arch.num_experts_per_tok, table_dtype)
     return tiles if expert_quantization == "none" else f"{tiles}; experts {expert_quantization}"
 
 
@@ -75,10 +85,11 @@ def _stale(path: Path, data: dict, moe_tiles: str | None) -> str:
 
 
 def find_calibration(engine_dir: str | Path, gpu_name: str, total_sms: int,
-                     moe_tiles: str | None = None) -> Calibration:
+                     moe_tiles: str | None = None, expert_quantization: str = "none") -> Calibration:
     """``moe_tiles``: the MoE kernels' tiles the server will run (``moe_tiles_of``), which a
-    calibration timed under others is stale for; None for a dense model."""
-    own = calibration_file(engine_dir, gpu_name)
+    calibration timed under others is stale for; None for a dense model. ``expert_quantization``:
+    whose calibration file is this server's (``calibration_file``)."""
+    own = calibration_file(engine_dir, gpu_name, expert_quantization)
     if own.is_file():
         data = _read(own)
         return Calibration(own, f"calibrated on {gpu_name} ({own.name})", _stale(own, data, moe_tiles), data)
@@ -110,10 +121,11 @@ def _how(graph_tokens: list[int]) -> str:
 
 def load_perf_model(engine_dir: str | Path, cost: ModelCost, gpu_name: str | None,
                     total_sms: int, prefill_graph_tokens: list[int] | None = None,
-                    moe_tiles: str | None = None) -> tuple[PerfModel, str]:
+                    moe_tiles: str | None = None, expert_quantization: str = "none") -> tuple[PerfModel, str]:
     """The performance model for this device (gpu_name None: the CPU) and a line saying
     where it came from. Without a fitting calibration, uncalibrated defaults that the online
-    correction then pulls toward measured times. `moe_tiles`: as in ``find_calibration``.
+    correction then pulls toward measured times. `moe_tiles`, `expert_quantization`: as in
+    ``find_calibration``.
     `prefill_graph_tokens`: the prefill worker's
     graph buckets, where a prefill worker runs; a calibration measured otherwise is still
     taken, but the line says so: an eager prefill can be bound by the host launching kernels
@@ -121,7 +133,7 @@ def load_perf_model(engine_dir: str | Path, cost: ModelCost, gpu_name: str | Non
     docs/moe.md), a graphed one need not."""
     if gpu_name is None:
         return PerfModel.default(cost, total_sms, on_gpu=False), "CPU: uncalibrated defaults"
-    found = find_calibration(engine_dir, gpu_name, total_sms, moe_tiles)
+    found = find_calibration(engine_dir, gpu_name, total_sms, moe_tiles, expert_quantization)
     if found.path is None:
         return PerfModel.default(cost, total_sms, on_gpu=True), f"{found.note}: uncalibrated defaults"
     note, data = found.note, found.data

@@ -175,9 +175,11 @@ class SpatialEngine:
         cost = ModelCost.from_arch(arch, self.state.kv_pool.element_size(), self.state.fp8_experts).per_rank(
             shard.size, shard.kv_heads(arch)[1], arch.num_kv_heads)
         gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        quantization = self.state.expert_quantization
+        tiles = moe_tiles_of(arch, gpu_name, quantization, str(self.state.dtype).removeprefix("torch.")) \
+            if gpu_name else None
         perf, note = load_perf_model(self.cfg.engine_dir, cost, gpu_name, self.total_sms,
-                                     worker_profiles(self.cfg)["prefill"].piecewise_graph_tokens,
-                                     moe_tiles_of(arch, gpu_name, self.state.expert_quantization) if gpu_name else None)
+                                     worker_profiles(self.cfg)["prefill"].piecewise_graph_tokens, tiles, quantization)
         print(f"bullet_trt: performance model: {note}", file=sys.stderr, flush=True)
         return perf
 

@@ -29,7 +29,7 @@ FP32, BF16 = torch.float32, torch.bfloat16
 # The interpreter truncates fp32 to bf16 where the GPU rounds: twice the error of one rounding.
 TOL = {FP32: 1e-4, BF16: 1e-2 if CUDA else 2e-2}
 FP8_ACT_BF16_TOL = 3e-2  # bf16 activations rounded to FP8: see the test
-FP8_ACT_FP32_TOL = 3e-3  # on an H200, 1.4e-4 to 6.0e-4 (2026-11-28): see the test
+FP8_ACT_FP32_TOL = 1e-2  # on an H200 1.4e-4 to 3.3e-3, by the tiles (2026-11-28): see the test
 # (hidden, inter, experts, top k)
 LAYER = (2048, 768, 128, 8) if CUDA else (64, 32, 16, 4)
 DECODE_TOKENS = (1, 7, 64, 256) if CUDA else (1, 5)
@@ -137,11 +137,12 @@ def test_fp8_activations_compute_their_rounded_inputs(dtype, tokens):
     expected = ref.fused_moe(x.float(), fp8["w_gate_up"], fp8["w_down"], weights.float(), ids,
                              gate_up_scale=fp8["gate_up_scale"], down_scale=fp8["down_scale"], fp8_activations=True)
     # the kernel's silu(gate) * up differs from the reference's in its last bits (bf16: rounded
-    # to bf16 first; fp32: the FP8 products' accumulation order), so a few values land on the
-    # other side of an FP8 step when rounded again
+    # to bf16 first; fp32: the FP8 products' accumulation, whose order the tile sets), so a few
+    # values land on the other side of an FP8 step when rounded again: ~1e-3 of them, each off
+    # by a step of 6-12%, a relative error of ~3e-3
     tol = FP8_ACT_FP32_TOL if dtype == FP32 else FP8_ACT_BF16_TOL
     assert rel_err(got, expected) <= tol
-    assert rel_err(expected, want(x, w_gate_up, w_down, weights, ids)) > 1e-2  # the rounding is there (~4%)
+    assert rel_err(expected, want(x, w_gate_up, w_down, weights, ids)) > 3 * FP8_ACT_FP32_TOL  # the rounding is there (~4%)
 
 
 @pytest.mark.skipif(not CUDA, reason="the interpreter rounds fp32 to FP8 wrongly near powers of two")
