@@ -53,6 +53,11 @@ MOE_CONFIGS = {
     (True, True): dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=2),
 }
 LARGE_ROWS_PER_EXPERT = 32
+# FP8 activations' large form: a K step of 128 is one scale group of the experts' blocks and of
+# x's token groups, scaled once per step; with the bf16 form's K step of 64 a 768-4096-token
+# layer of Qwen3-30B-A3B ran 2.6-3.7x slower on an H200 than with this tile, its table's best
+# from 512 tokens up (2026-11-28, docs/moe.md).
+FP8_ACTIVATIONS_LARGE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=3)
 # Forces this tile for every call when set: the tests (both forms), the tuner and the warm-up.
 MOE_TILE_OVERRIDE: dict | None = None
 
@@ -72,9 +77,16 @@ def tuned_tables(dtype: torch.dtype, top_k: int, num_local_experts: int, inter: 
     return {sms: moe_tiles.load_table(name) for sms, name in names.items()}
 
 
-def untuned_config(dtype: torch.dtype, tokens: int, top_k: int, num_local_experts: int) -> dict:
+def untuned_forms(dtype: torch.dtype, fp8_activations: bool = False) -> tuple[dict, dict]:
+    """The (small, large) tiles a call of x in ``dtype`` takes without a table."""
+    small, large = (dict(MOE_CONFIGS[(dtype == torch.float32, big)]) for big in (False, True))
+    return small, dict(FP8_ACTIVATIONS_LARGE) if fp8_activations else large
+
+
+def untuned_config(dtype: torch.dtype, tokens: int, top_k: int, num_local_experts: int,
+                   fp8_activations: bool = False) -> dict:
     large = tokens * top_k >= LARGE_ROWS_PER_EXPERT * num_local_experts
-    return dict(MOE_CONFIGS[(dtype == torch.float32, large)])
+    return untuned_forms(dtype, fp8_activations)[large]
 
 
 def moe_config(dtype: torch.dtype, tokens: int, top_k: int, num_local_experts: int, inter: int,
@@ -89,7 +101,7 @@ def moe_config(dtype: torch.dtype, tokens: int, top_k: int, num_local_experts: i
     if tables:
         table = moe_tiles.table_for(tables, get_num_sms(device), whole_device_sms(device), tokens)
         return moe_tiles.tile_for(table, tokens)
-    return untuned_config(dtype, tokens, top_k, num_local_experts)
+    return untuned_config(dtype, tokens, top_k, num_local_experts, fp8_activations)
 
 
 # Assignments one program of the alignment kernels handles per step.
@@ -413,7 +425,7 @@ def compile_moe_variants(num_local_experts: int, hidden: int, inter: int, top_k:
     if tables:  # every partition's: a worker moves between them
         tiles = [tile for table in tables.values() for _, tile in table]
     else:
-        tiles = [MOE_CONFIGS[(dtype == torch.float32, large)] for large in (False, True)]
+        tiles = list(untuned_forms(dtype, fp8_activations))
     x = torch.zeros(2, hidden, dtype=dtype, device=device)
     w_gate_up = torch.zeros(1, 2 * inter, hidden, dtype=dtype, device=device)
     w_down = torch.zeros(1, hidden, inter, dtype=dtype, device=device)

@@ -5,7 +5,7 @@ For each of --tokens token counts, one layer of the shape of --arch (its experts
 that they stream from memory; routing from a random router) runs ``fused_moe`` with every
 tile of the search space, captured in a CUDA graph as the decode step runs it, timed by
 Triton's bench (L2 flushed between runs). The fastest tile per token count is the table's row,
-next to the untuned tile's time (triton_moe.MOE_CONFIGS).
+next to the untuned tile's time (triton_moe.untuned_forms).
 
 The search space is 192 tiles (384 with --fp8-experts, each also with its operands swapped);
 ``--shard I/N`` times every N-th of them from the I-th, so N
@@ -143,13 +143,14 @@ def kernels_tiles(arch, tokens_list: list[int], fp8: bool = False, fp8_activatio
             for t in tokens_list}
 
 
-def untuned_tiles(arch, tokens_list: list[int]) -> dict[int, dict]:
+def untuned_tiles(arch, tokens_list: list[int], fp8_activations: bool = False) -> dict[int, dict]:
     """The tile each token count takes without a table."""
     import torch
 
     from bullet_trt.kernels import triton_moe
 
-    return {t: triton_moe.untuned_config(torch.bfloat16, t, arch.num_experts_per_tok, arch.num_experts)
+    return {t: triton_moe.untuned_config(torch.bfloat16, t, arch.num_experts_per_tok, arch.num_experts,
+                                         fp8_activations)
             for t in tokens_list}
 
 
@@ -249,7 +250,7 @@ def tune(args) -> dict:
         result = {"device": torch.cuda.get_device_name(), "layer": layer_shape(arch, fp8, args.fp8_activations),
                   "sms": sms, "tuned_on": time.strftime("%Y-%m-%d"), "shard": args.shard,
                   "timings": time_tiles(arch, tokens, tiles, stream, fp8, args.fp8_activations),
-                  "untuned": untuned_tiles(arch, tokens),
+                  "untuned": untuned_tiles(arch, tokens, args.fp8_activations),
                   "before": kernels_tiles(arch, tokens, fp8, args.fp8_activations)}
     finally:
         sm_budget.set_num_sms(None)
