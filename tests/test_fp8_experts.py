@@ -201,22 +201,22 @@ def test_quantization_errors_name_the_field(checkpoint, tmp_path):
         LLM(str(engine), **FP8)
 
 
-@pytest.mark.parametrize("quantization", ["auto", "none"])
+@pytest.mark.parametrize("quantization", ["fp8", "none"])
 def test_an_fp8_checkpoint_computes_its_dequantized_model(checkpoint, tmp_path, quantization):
     """A fine-grained FP8 checkpoint (every linear layer quantized): FP8 experts keep its blocks
-    as they are (auto), or every weight is dequantized (none); either computes what
+    as they are (fp8), or every weight is dequantized (none); either computes what
     transformers computes on the dequantized weights."""
     path = checkpoint("qwen3_moe-mixed")
     stored = fp8_checkpoint(path, tmp_path / "fp8")
     arch = ModelArch.from_checkpoint(stored)
-    assert arch.fp8_checkpoint and arch.fp8_experts(quantization) == (quantization == "auto")
+    assert arch.fp8_checkpoint and arch.fp8_experts(quantization) == (quantization == "fp8")
     model = CausalLM(arch, torch.float32, "cpu", fp8_experts=arch.fp8_experts(quantization))
     load_checkpoint(model, stored, torch.float32)
     ids = prompt(19, seed=6)
     got = step(model, new_kv(model, 8, 16), [(ids, 0, table_for(19, 16, first=1))], 16)[0]
     want = hf_logits(dequantized_copy(path, tmp_path / "dequantized", linear_weight), ids)
     assert max_diff(got, want) <= 1e-4
-    if quantization == "auto":  # the checkpoint's own blocks, not quantized again
+    if quantization == "fp8":  # the checkpoint's own blocks, not quantized again
         layer = arch.moe_layers[0]
         blocks = load_file(stored / "model.safetensors")[f"model.layers.{layer}.mlp.experts.3.down_proj.weight"]
         kept = model.model.layers[layer].mlp.experts.down_proj[3]
@@ -232,7 +232,25 @@ def test_an_fp8_checkpoint_serves_through_the_engine(checkpoint, tmp_path, overr
                                        dtype="float32")
     reference = build_from_checkpoint(dequantized_copy(path, tmp_path / "deq", linear_weight), tmp_path / "e2",
                                       max_model_len=256, dtype="float32")
-    assert tokens(fp8_engine, **overrides) == tokens(reference, **{"serve.mode": "chunked"})
+    assert tokens(fp8_engine, **FP8, **overrides) == tokens(reference, **{"serve.mode": "chunked"})
+
+
+@pytest.mark.parametrize("scheme, experts", [("dynamic", "fp8-w8a8"), ("static", "fp8"), (None, "fp8")])
+def test_auto_serves_an_fp8_checkpoint_as_its_activation_scheme_says(checkpoint, tmp_path, scheme, experts):
+    """The published FP8 checkpoints name dynamic activations (rounded to FP8 per token and 128
+    columns as they run): auto runs their experts so (fp8-w8a8); a static scheme's per-tensor
+    activation scales are not read, its experts take FP8 weights only; a dense or bf16
+    checkpoint is untouched."""
+    stored = fp8_checkpoint(checkpoint("qwen3_moe"), tmp_path / "fp8")
+    config = json.loads((stored / "config.json").read_text())
+    quant = {key: value for key, value in config["quantization_config"].items() if key != "activation_scheme"}
+    config["quantization_config"] = quant | ({"activation_scheme": scheme} if scheme else {})
+    (stored / "config.json").write_text(json.dumps(config))
+    assert ModelArch.from_checkpoint(stored).expert_quantization("auto") == experts
+    assert ModelArch.from_checkpoint(checkpoint("qwen3_moe")).expert_quantization("auto") == "none"
+    if scheme == "dynamic":  # served end to end, as `auto` leaves it
+        engine = build_from_checkpoint(stored, tmp_path / "e", max_model_len=256, dtype="float32")
+        assert tokens(engine) == tokens(engine, **{"quantization": "fp8-w8a8"})
 
 
 @pytest.mark.parametrize("quant, field", [({**FP8_CONFIG, "quant_method": "awq"}, "quant_method"),

@@ -53,6 +53,9 @@ class ModelArch:
     # A fine-grained FP8 checkpoint (quantization_config quant_method "fp8", blocks of 128 x 128):
     # its linear layers' weights are E4M3 with a `weight_scale_inv` per block beside each
     fp8_checkpoint: bool = False
+    # its activation_scheme is "dynamic" (the published checkpoints'): activations are rounded to
+    # FP8 per token and 128 columns at run time, which quantization=fp8-w8a8 does for the experts
+    fp8_dynamic_activations: bool = False
     source: str = "<dict>"  # the config file, for error messages
 
     @staticmethod
@@ -100,7 +103,8 @@ class ModelArch:
         attention_bias = bool(d.get("attention_bias", False))
         num_layers = int(need("num_hidden_layers"))
         moe = _moe_params(d, family, num_layers, source)
-        fp8_checkpoint = _fp8_checkpoint(d.get("quantization_config"), source)
+        quantization_config = d.get("quantization_config")
+        fp8_checkpoint = _fp8_checkpoint(quantization_config, source)
         return ModelArch(
             family=family,
             vocab_size=int(need("vocab_size")),
@@ -126,6 +130,7 @@ class ModelArch:
             sliding_window=int(window) if window is not None else None,
             **moe,
             fp8_checkpoint=fp8_checkpoint,
+            fp8_dynamic_activations=fp8_checkpoint and quantization_config.get("activation_scheme") == "dynamic",
             source=source,
         )
 
@@ -134,9 +139,12 @@ class ModelArch:
 
     def expert_quantization(self, quantization: str) -> str:
         """The engine's ``quantization`` as the experts take it: none, fp8 or fp8-w8a8 (auto:
-        fp8 where an FP8 checkpoint stores a mixture-of-experts model, else none)."""
+        where an FP8 checkpoint stores a mixture-of-experts model, the scheme it names: fp8-w8a8
+        for dynamic activations, else fp8; none for any other checkpoint)."""
         if quantization == "auto":
-            return "fp8" if self.fp8_checkpoint and self.moe_layers else "none"
+            if not (self.fp8_checkpoint and self.moe_layers):
+                return "none"
+            return "fp8-w8a8" if self.fp8_dynamic_activations else "fp8"
         return quantization
 
     def fp8_experts(self, quantization: str) -> bool:
