@@ -54,9 +54,8 @@ def _missing_calibration(cfg: EngineConfig) -> tuple[str, Path, str] | None:
     props = torch.cuda.get_device_properties(torch.device(cfg.resolve_device()))
     arch = ModelArch.from_checkpoint(cfg.checkpoint_path)
     experts = arch.expert_quantization(cfg.quantization)
-    model_dtype = str(resolve_dtype(arch, cfg.dtype, "cuda")).removeprefix("torch.")
     found = find_calibration(cfg.engine_dir, props.name, props.multi_processor_count,
-                             moe_tiles_of(arch, props.name, experts, model_dtype), experts)
+                             moe_tiles_of(arch, props.name, experts, resolve_dtype(arch, cfg.dtype, "cuda")), experts)
     target = calibration_file(cfg.engine_dir, props.name, experts)
     if found.path is None:
         return found.note, target, "uncalibrated defaults"

@@ -72,9 +72,8 @@ def decode_rows(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts, dtype_bytes: 
     by_memory = plan_rank(arch, dtype_bytes, tp, total_memory, cfg.kv.gpu_memory_fraction, context, fp8_experts).rows
     from bullet_trt.model.loader import resolve_dtype  # torch, only where a GPU is sized
 
-    model_dtype = str(resolve_dtype(arch, cfg.dtype, "cuda")).removeprefix("torch.")
-    perf, _ = load_perf_model(cfg.engine_dir, cost, gpu.name, total_sms,
-                              moe_tiles=moe_tiles_of(arch, gpu.name, experts, model_dtype), expert_quantization=experts)
+    tiles = moe_tiles_of(arch, gpu.name, experts, resolve_dtype(arch, cfg.dtype, "cuda"))
+    perf, _ = load_perf_model(cfg.engine_dir, cost, gpu.name, total_sms, moe_tiles=tiles, expert_quantization=experts)
     budget_ms = cfg.serve.tpot_slo_ms * cfg.serve.tpot_plan_fraction
     by_time = max([b for b in GRAPH_BUCKETS if perf.decode_ms(b, b * context, total_sms) <= budget_ms],
                   default=1)

@@ -149,10 +149,10 @@ def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (3
     train, held_out = shuffled[:cut], shuffled[cut:]
     cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size(), state.fp8_experts)
     model_fit = fit(cost, total, train)
-    quantization, model_dtype = state.expert_quantization, str(state.dtype).removeprefix("torch.")
+    quantization = state.expert_quantization
     report = {"gpu": gpu, "total_sms": total, "points": len(points),
               "prefill_graph_tokens": list(session.piecewise.buckets) if session.piecewise else [],
-              **({"moe_tiles": tiles} if (tiles := moe_tiles_of(state.arch, gpu, quantization, model_dtype)) else {}),
+              **({"moe_tiles": tiles} if (tiles := moe_tiles_of(state.arch, gpu, quantization, state.dtype)) else {}),
               "train_median_abs_pct_error": round(median_abs_pct_error(model_fit, train), 2),
               "held_out_median_abs_pct_error": round(median_abs_pct_error(model_fit, held_out), 2)}
     model_fit.save(calibration_file(engine_dir, gpu, quantization), extra={"calibration": report})

@@ -46,14 +46,15 @@ def profile_file(engine_dir: str | Path, gpu_name: str, expert_quantization: str
 
 
 def moe_tiles_of(arch: ModelArch, gpu_name: str, expert_quantization: str = "none",
-                 model_dtype: str = "bfloat16") -> str | None:
+                 model_dtype: object = "bfloat16") -> str | None:
     """The MoE kernels' tiles on this GPU (moe_tiles.fingerprint of the tables their weights'
     dtype takes: ``model_dtype``'s, or FP8's where ``expert_quantization`` names it), and that
     quantization where there is one (fp8, fp8-w8a8: other kernels, so a calibration of the bf16
     experts is stale for them, and the other way round); None for a dense model."""
     if not arch.moe_layers:
         return None
-    weights = model_dtype if expert_quantization == "none" else "float8_e4m3fn"
+    # model_dtype: a torch.dtype or its name
+    weights = str(model_dtype).removeprefix("torch.") if expert_quantization == "none" else "float8_e4m3fn"
     table_dtype = moe_tiles.dtype_label(weights, expert_quantization == "fp8-w8a8")
     tiles = moe_tiles.fingerprint(gpu_name, arch.num_experts, arch.moe_intermediate_size, arch.hidden_size,
                                   arch.num_experts_per_tok, table_dtype)

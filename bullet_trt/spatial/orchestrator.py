@@ -176,8 +176,7 @@ class SpatialEngine:
             shard.size, shard.kv_heads(arch)[1], arch.num_kv_heads)
         gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         quantization = self.state.expert_quantization
-        tiles = moe_tiles_of(arch, gpu_name, quantization, str(self.state.dtype).removeprefix("torch.")) \
-            if gpu_name else None
+        tiles = moe_tiles_of(arch, gpu_name, quantization, self.state.dtype) if gpu_name else None
         perf, note = load_perf_model(self.cfg.engine_dir, cost, gpu_name, self.total_sms,
                                      worker_profiles(self.cfg)["prefill"].piecewise_graph_tokens, tiles, quantization)
         print(f"bullet_trt: performance model: {note}", file=sys.stderr, flush=True)
