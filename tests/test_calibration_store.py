@@ -92,6 +92,19 @@ def test_an_moe_bullet_server_measures_its_prefill_through_the_graphs_sizing_giv
     assert "prefill.piecewise_graph_tokens" not in calibration_overrides(cfg)
 
 
+def test_a_chunked_server_measures_prefill_as_the_bullet_worker_runs_it(tmp_path):
+    """Both modes' servers share an engine directory's calibration, and only the spatial modes
+    read its prefill figures: a chunked server's own mixed-step buckets and chunk (which the
+    H200's stored MoE calibrations recorded, 2026-11-28) would stand there for bullet's."""
+    sets = {"serve.mode": "chunked", "serve.chunk_size": "1024",
+            "prefill.piecewise_graph_tokens": "[128,256,512,768,1024]"}
+    cfg = engine_of(tmp_path, "qwen3-30b-a3b", sets)
+    cfg.prefill.max_num_batched_tokens = 4096
+    overrides = calibration_overrides(cfg)
+    assert overrides["prefill.piecewise_graph_tokens"] == [128, 256, 512, 1024, 2048]
+    assert "serve.chunk_size" not in overrides and overrides["serve.mode"] == "chunked"
+
+
 def test_the_calibration_process_says_it_needs_a_gpu(tmp_path):
     done = subprocess.run([sys.executable, "-m", "bullet_trt.spatial.calibrate", str(tmp_path)],
                           capture_output=True, text=True, env={"CUDA_VISIBLE_DEVICES": "", "PATH": ""})

@@ -17,23 +17,30 @@ from pathlib import Path
 
 from bullet_trt.config import EngineConfig
 from bullet_trt.model.arch import ModelArch
-from bullet_trt.serving.device_sizing import (GRAPH_BUCKETS, MAX_DECODE_ROWS, served_chunk, sized_mode,
-                                              sized_prefill_pieces)
+from bullet_trt.serving.device_sizing import (GRAPH_BUCKETS, MAX_DECODE_ROWS, served_chunk, sized_chunk,
+                                              sized_mode, sized_prefill_pieces)
 from bullet_trt.spatial.calibration_store import calibration_file, find_calibration, moe_tiles_of
 
 
 def calibration_overrides(cfg: EngineConfig) -> dict:
     """The run's own overrides, with decode batches up to the largest a sized server may pick
-    (its graphs too: a decode step measured without one is not the step served), and, for a
-    sized spatial mode, the prefill worker's piecewise graphs as sizing will give them (a
-    prefill measured eagerly is not the step served either)."""
+    (its graphs too: a decode step measured without one is not the step served), and the
+    spatial prefill worker's piecewise graphs as sizing will give them (a prefill measured
+    eagerly is not the step served either). Only the spatial modes' scheduler reads the prefill
+    figures, while a chunked server calibrates too (its decode figures bound its rows) into the
+    same file: its prefill is measured as a sized bullet worker's, not through its own mixed
+    steps' buckets or chunk."""
     given = {key: functools.reduce(getattr, key.split("."), cfg) for key in cfg.overridden}
     sized = {"decode.max_num_seqs": MAX_DECODE_ROWS, "decode.max_num_batched_tokens": MAX_DECODE_ROWS,
              "decode.cuda_graph_batch_sizes": list(GRAPH_BUCKETS)}
     mode = sized_mode(cfg)
-    if cfg.serve.sizing == "auto" and mode != "chunked":
-        chunk = served_chunk(cfg, mode)
-        pieces = sized_prefill_pieces(cfg, ModelArch.from_checkpoint(cfg.checkpoint_path), mode, chunk)
+    if mode == "chunked":
+        given.pop("prefill.piecewise_graph_tokens", None)
+        given.pop("serve.chunk_size", None)
+    if cfg.serve.sizing == "auto":
+        spatial = "bullet" if mode == "chunked" else mode
+        chunk = sized_chunk(cfg, spatial) if mode == "chunked" else served_chunk(cfg, mode)
+        pieces = sized_prefill_pieces(cfg, ModelArch.from_checkpoint(cfg.checkpoint_path), spatial, chunk)
         if pieces:
             sized["prefill.piecewise_graph_tokens"] = pieces
     return {**sized, **given}
