@@ -197,7 +197,8 @@ class EngineConfig:
     # block), quantized as they load, or kept as an FP8 checkpoint stores them; the rest in `dtype`.
     # "fp8-w8a8": fp8, and the experts' inputs rounded to FP8 per token and 128 columns as each
     # step runs, so that both operands of their products are FP8 (the tensor cores' FP8 rate).
-    # "auto": fp8 for an FP8 checkpoint of a mixture-of-experts model, else none; "none": every
+    # "auto": for an FP8 checkpoint of a mixture-of-experts model the scheme it names (fp8-w8a8
+    # where its activation_scheme is "dynamic", else fp8), else none; "none": every
     # weight in `dtype` (an FP8 checkpoint's dequantized as it loads). docs/moe.md, "FP8 experts"
     quantization: str = "auto"
     description: str = ""

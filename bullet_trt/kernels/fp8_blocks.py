@@ -21,6 +21,7 @@ import torch
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # E4M3's largest finite value
 BLOCK = 128
+BYTES_PER_WEIGHT = 1 + 4 / BLOCK ** 2  # the E4M3 byte, and its share of its block's float32 scale
 
 
 def scale_shape(rows: int, cols: int) -> tuple[int, int]:

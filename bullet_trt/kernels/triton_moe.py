@@ -394,18 +394,13 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
     # zeros: rows of assignments to other ranks' experts are never written
     y = torch.zeros(T * k, H, dtype=x.dtype, device=x.device)
-    if fp8_activations:  # each product's input rounded per token and 128 columns, as the step runs
-        x_fp8, x_scale = quantize_token_groups(x)
-        _gemm(x_fp8, w_gate_up, act, None, gate_up_scale, sorted_ids, block_expert, num_padded, T * k, k, True,
-              cfg, prec, x_scale)
-        act_fp8, act_scale = quantize_token_groups(act)
-        _gemm(act_fp8, w_down, y, weights, down_scale, sorted_ids, block_expert, num_padded, T * k, 1, False,
-              cfg, prec, act_scale)
-    else:
-        _gemm(x, w_gate_up, act, None, gate_up_scale, sorted_ids, block_expert, num_padded, T * k, k, True,
-              cfg, prec)
-        _gemm(act, w_down, y, weights, down_scale, sorted_ids, block_expert, num_padded, T * k, 1, False,
-              cfg, prec)
+    # with FP8 activations each product's input is rounded per token and 128 columns as the step runs
+    a, a_scale = quantize_token_groups(x) if fp8_activations else (x, None)
+    _gemm(a, w_gate_up, act, None, gate_up_scale, sorted_ids, block_expert, num_padded, T * k, k, True,
+          cfg, prec, a_scale)
+    a, a_scale = quantize_token_groups(act) if fp8_activations else (act, None)
+    _gemm(a, w_down, y, weights, down_scale, sorted_ids, block_expert, num_padded, T * k, 1, False,
+          cfg, prec, a_scale)
     return y.view(T, k, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from bullet_trt.kernels import fp8_blocks
 from bullet_trt.model.arch import ModelArch
 
 GiB = 2**30
@@ -72,7 +73,7 @@ def plan_rank(arch: ModelArch, dtype_bytes: int, tp: int, gpu_memory_bytes: floa
     kv_rep = kv_heads_per_rank(arch, tp) * tp / arch.num_kv_heads
     extra_kv_proj = arch.num_layers * 2 * arch.hidden_size * arch.num_kv_heads * arch.head_dim * (kv_rep - 1)
     experts = expert_parameters(arch) if fp8_experts else 0
-    weights = ((parameters(arch) - experts + extra_kv_proj) * dtype_bytes + experts * (1 + 4 / 128 ** 2)) / tp
+    weights = ((parameters(arch) - experts + extra_kv_proj) * dtype_bytes + experts * fp8_blocks.BYTES_PER_WEIGHT) / tp
     kv_per_token = 2.0 * arch.num_layers * kv_heads_per_rank(arch, tp) * arch.head_dim * dtype_bytes
     return RankMemory(tp, weights, kv_per_token, gpu_memory_bytes * memory_fraction - weights, context)
 

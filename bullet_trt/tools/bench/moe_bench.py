@@ -113,11 +113,10 @@ def graphed(fn, stream=None):
 
 def layer_table(arch, num_layers: int, batches: list[int], prefill_tokens: list[int], bw: float,
                 rate: float, fp8: bool = False, fp8_activations: bool = False) -> dict:
-    from bullet_trt.kernels import triton_ops as ops
+    from bullet_trt.kernels import fp8_blocks, triton_ops as ops
 
     h, inter, k = arch.hidden_size, arch.moe_intermediate_size, arch.num_experts_per_tok
-    # an FP8 expert: a byte a weight, and a float32 scale per 128 x 128 block
-    expert_bytes = 3 * h * inter * (1 + 4 / 128 ** 2) if fp8 or fp8_activations else 3 * h * inter * 2
+    expert_bytes = 3 * h * inter * (fp8_blocks.BYTES_PER_WEIGHT if fp8 or fp8_activations else 2)
     layers = moe_layers(arch, num_layers, fp8, fp8_activations)
     out: dict = {"decode": [], "prefill": []}
     for batch in batches:
