@@ -15,6 +15,7 @@ import yaml
 
 ENGINE_FILE = "engine.yaml"
 QUANTIZATIONS = ("auto", "none", "fp8", "fp8-w8a8")
+KV_CACHE_DTYPES = ("auto", "fp8")
 # The fewest SMs a phase may run on beside the other (ServeConfig.min_phase_sms says why).
 SMALLEST_PHASE_SMS = 16
 
@@ -65,6 +66,12 @@ class KVCacheConfig:
     # earlier turns) instead of computing them again (engine/prefix_cache.py). Off until
     # measured on a GPU; not yet under tensor parallelism.
     prefix_caching: bool = False
+    # auto: K and V cached in the model's dtype. fp8: as float8_e4m3fn at a scale of 1 (what
+    # vLLM's kv_cache_dtype=fp8 does without scales from the checkpoint; K/V outside +-448
+    # saturate), half the bytes: twice the tokens in the pool, and half of what decode's
+    # attention reads a step, which at hundreds of rows is most of the step's reads beside FP8
+    # experts (docs/serving.md, "FP8 KV cache"). Needs an FP8-capable GPU (compute 8.9+).
+    cache_dtype: str = "auto"
 
 
 @dataclass
@@ -254,6 +261,8 @@ class EngineConfig:
             raise ConfigError(f"kv.block_size must be > 0, got {self.kv.block_size}")
         if self.kv.num_blocks < 0:
             raise ConfigError(f"kv.num_blocks must be >= 0, got {self.kv.num_blocks}")
+        if self.kv.cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv.cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv.cache_dtype!r}")
         if not 0 < self.kv.gpu_memory_fraction <= 1:
             raise ConfigError(f"kv.gpu_memory_fraction must be in (0, 1], got {self.kv.gpu_memory_fraction}")
         s = self.serve

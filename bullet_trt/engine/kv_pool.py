@@ -13,6 +13,23 @@ from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.tensor_parallel import Shard
 
 
+FP8_KV = torch.float8_e4m3fn
+# FP8 conversions (and Triton's fp8e4nv) need Ada or Hopper tensor cores
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def kv_cache_dtype(cache_dtype: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The pool's element type for ``kv.cache_dtype`` (config.KV_CACHE_DTYPES)."""
+    if cache_dtype == "auto":
+        return model_dtype
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < FP8_MIN_CAPABILITY:
+        raise ValueError(f"kv.cache_dtype=fp8 needs a GPU of compute capability "
+                         f"{'.'.join(map(str, FP8_MIN_CAPABILITY))} or later (FP8 conversions); "
+                         f"{torch.cuda.get_device_name(device)} has "
+                         f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}")
+    return FP8_KV
+
+
 def bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype, shard: Shard = Shard()) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
     return arch.num_layers * 2 * block_size * shard.kv_heads(arch)[1] * arch.head_dim * elem
@@ -29,6 +46,18 @@ def create_kv_pool(arch: ModelArch, num_blocks: int, block_size: int, dtype: tor
     if shared and pool.device.type == "cpu":
         pool.share_memory_()
     return pool
+
+
+def fill_random(pool: torch.Tensor) -> None:
+    """Standard-normal K/V in every slot, for timing attention over cached tokens of data rather
+    than zeros. An FP8 pool has no random kernel: one layer's half at a time is drawn in
+    bfloat16 and rounded to it."""
+    if pool.element_size() > 1:
+        pool.normal_()
+        return
+    for layer in pool:
+        for half in layer:
+            half.copy_(torch.randn(half.shape, dtype=torch.bfloat16, device=half.device))
 
 
 def size_pool(arch: ModelArch, block_size: int, dtype: torch.dtype, device: torch.device,

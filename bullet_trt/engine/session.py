@@ -136,7 +136,7 @@ class TorchSession(EngineSession):
         if hasattr(ops, "compile_decode_variants"):
             attn = self.model.model.layers[0].self_attn  # this rank's heads under tensor parallelism
             ops.compile_decode_variants(attn.num_heads, attn.num_kv_heads, arch.head_dim,
-                                        self.model.dtype, bs, self.device)
+                                        self.model.dtype, bs, self.device, self.kv_pool.dtype)
         if arch.moe_layers and hasattr(ops, "compile_moe_variants"):
             # the tiles of large prefills, which the short warm-up steps above never pick
             _, local_experts = self.model.shard.experts(arch)

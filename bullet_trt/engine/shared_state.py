@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from bullet_trt.config import EngineConfig, ProfileConfig
-from bullet_trt.engine.kv_pool import blocks_for_tokens, create_kv_pool, size_pool
+from bullet_trt.engine.kv_pool import blocks_for_tokens, create_kv_pool, kv_cache_dtype, size_pool
 from bullet_trt.engine.session import TorchSession
 from bullet_trt.engine.validation import RequestLimits
 from bullet_trt.model.arch import ModelArch
@@ -64,6 +64,7 @@ def build_shared_state(cfg: EngineConfig, share: bool = True, tp=None) -> tuple[
         raise ValueError(f"kv.block_size must be a power of two on GPU (the Triton attention "
                          f"kernels tile blocks by powers of two), got {bs}")
     dtype = resolve_dtype(arch, cfg.dtype, device)
+    kv_dtype = kv_cache_dtype(cfg.kv.cache_dtype, dtype, device)  # before the weights load: fails fast
     in_graphs = cfg.parallel.decode_graphs and device.type == "cuda"
     experts = arch.expert_quantization(cfg.quantization)
     fp8_experts = experts != "none"
@@ -81,12 +82,12 @@ def build_shared_state(cfg: EngineConfig, share: bool = True, tp=None) -> tuple[
     if share and device.type == "cpu":
         for t in weights.values():
             t.share_memory_()
-    num_blocks = size_pool(arch, cfg.kv.block_size, dtype, device, cfg.kv.num_blocks,
+    num_blocks = size_pool(arch, cfg.kv.block_size, kv_dtype, device, cfg.kv.num_blocks,
                            cfg.kv.gpu_memory_fraction, cfg.kv.cpu_pool_mib,
                            min_blocks=blocks_for_tokens(cfg.max_model_len, cfg.kv.block_size), shard=shard)
     if tp is not None:
         num_blocks = tp.min(num_blocks)
-    pool = create_kv_pool(arch, num_blocks, cfg.kv.block_size, dtype, device, shared=share, shard=shard)
+    pool = create_kv_pool(arch, num_blocks, cfg.kv.block_size, kv_dtype, device, shared=share, shard=shard)
     state = SharedEngineState(arch, dtype, weights, pool, cfg.kv.block_size, cfg.max_model_len, shard, in_graphs,
                               experts)
     return state, model

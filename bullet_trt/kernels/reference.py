@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bullet_trt.kernels import fp8_blocks
+from bullet_trt.kernels import fp8_blocks, fp8_kv
 from bullet_trt.kernels.metadata import AttentionMetadata
 
 
@@ -48,11 +48,15 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                    slot_mapping: torch.Tensor) -> None:
-    """Stores new K/V rows (T, Hkv, D) into their paged slots of one layer's cache."""
+    """Stores new K/V rows (T, Hkv, D) into their paged slots of one layer's cache (an FP8 cache:
+    rounded to it, saturating)."""
     num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
     flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
-    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+    k, v = fp8_kv.to_cache(k, kv_cache.dtype), fp8_kv.to_cache(v, kv_cache.dtype)
+    if kv_cache.element_size() == 1:  # the CPU's index_copy_ has no FP8 kernel: copy the bytes
+        flat, k, v = flat.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
+    flat[0].index_copy_(0, slot_mapping, k)
+    flat[1].index_copy_(0, slot_mapping, v)
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from bullet_trt.kernels import fp8_kv
 from bullet_trt.kernels.metadata import AttentionMetadata
 from bullet_trt.kernels.sm_budget import get_num_sms, set_num_sms
 from bullet_trt.kernels.triton_dot import UPCAST_DOT, mm
@@ -270,7 +271,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
 def _write_kv_kernel(K, V, C, SLOT, stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_c2, stride_cb, stride_co, stride_ch,
                      H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SATURATE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(SLOT + t).to(tl.int64)
     valid = slot >= 0  # negative slots (padding rows) are skipped
@@ -282,14 +283,18 @@ def _write_kv_kernel(K, V, C, SLOT, stride_kt, stride_kh, stride_vt, stride_vh,
     mask = ((h < H)[:, None] & (d < D)[None, :]) & valid
     dst = C + blk * stride_cb + off * stride_co + h[:, None] * stride_ch + d[None, :]
     k = tl.load(K + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask, other=0.0)
-    tl.store(dst, k.to(C.dtype.element_ty), mask=mask)
     v = tl.load(V + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask, other=0.0)
+    if SATURATE > 0:  # an FP8 cache: out-of-range values clamp to its largest finite value
+        k = tl.minimum(tl.maximum(k.to(tl.float32), -SATURATE), SATURATE)
+        v = tl.minimum(tl.maximum(v.to(tl.float32), -SATURATE), SATURATE)
+    tl.store(dst, k.to(C.dtype.element_ty), mask=mask)
     tl.store(dst + stride_c2, v.to(C.dtype.element_ty), mask=mask)
 
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                    slot_mapping: torch.Tensor) -> None:
-    """Stores new K/V rows (T, Hkv, D) into their paged slots of one layer's cache."""
+    """Stores new K/V rows (T, Hkv, D) into their paged slots of one layer's cache (an FP8 cache:
+    rounded to it, saturating)."""
     if k.stride(-1) != 1:
         k = k.contiguous()
     if v.stride(-1) != 1:
@@ -310,7 +315,8 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
     _write_kv_kernel[(T,)](k, v, kv_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0),
                            v.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
                            kv_cache.stride(3), H=H, D=D, BLOCK_SIZE=kv_cache.shape[2],
-                           BLOCK_H=block_h, BLOCK_D=block_d, num_warps=num_warps)
+                           BLOCK_H=block_h, BLOCK_D=block_d, SATURATE=fp8_kv.saturation(kv_cache.dtype),
+                           num_warps=num_warps)
 
 
 # ---------------------------------------------------------------------------- attention: decode
@@ -467,13 +473,14 @@ _SPLIT_VARIANTS = (1, 2, 3, 5, 9, 16, 17, 32, 33, 64)
 
 
 def compile_decode_variants(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                            block_size: int, device: torch.device | str) -> None:
+                            block_size: int, device: torch.device | str,
+                            cache_dtype: torch.dtype | None = None) -> None:
     """Compiles every form the decode kernels can take for this head layout, on a scratch
     cache. Which form a step needs depends on its batch, context and SM count, so without
     this the first step of a new form stalls for a compile (most of a second) mid-serving."""
     global DECODE_SPLITS_OVERRIDE
     device = torch.device(device)
-    cache = torch.zeros(2, 2, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+    cache = torch.zeros(2, 2, block_size, num_kv_heads, head_dim, dtype=cache_dtype or dtype, device=device)
     q = torch.zeros(2, num_heads, head_dim, dtype=dtype, device=device)
     meta = AttentionMetadata.build([1, 1], [1, 2], [[0], [1]], block_size, device)
     saved = DECODE_SPLITS_OVERRIDE

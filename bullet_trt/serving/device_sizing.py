@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from bullet_trt.config import EngineConfig
 from bullet_trt.model.arch import ModelArch
-from bullet_trt.serving.memory_plan import TYPICAL_CONTEXT, kv_heads_per_rank, plan_rank
+from bullet_trt.serving.memory_plan import TYPICAL_CONTEXT, kv_heads_per_rank, kv_value_bytes, plan_rank
 from bullet_trt.spatial.calibration_store import load_perf_model, moe_tiles_of
 from bullet_trt.spatial.perf_model import ModelCost
 
@@ -67,9 +67,12 @@ def decode_rows(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts, dtype_bytes: 
     # a tensor-parallel rank: its share of the step's work, its pool beside its share of the weights
     experts = arch.expert_quantization(cfg.quantization)
     fp8_experts = experts != "none"
-    cost = ModelCost.from_arch(arch, dtype_bytes, fp8_experts).per_rank(tp, kv_heads_per_rank(arch, tp), arch.num_kv_heads)
+    kv_bytes = kv_value_bytes(cfg.kv.cache_dtype, dtype_bytes)
+    cost = ModelCost.from_arch(arch, dtype_bytes, fp8_experts, kv_bytes).per_rank(
+        tp, kv_heads_per_rank(arch, tp), arch.num_kv_heads)
     context = min(cfg.max_model_len, TYPICAL_CONTEXT)
-    by_memory = plan_rank(arch, dtype_bytes, tp, total_memory, cfg.kv.gpu_memory_fraction, context, fp8_experts).rows
+    by_memory = plan_rank(arch, dtype_bytes, tp, total_memory, cfg.kv.gpu_memory_fraction, context, fp8_experts,
+                          kv_bytes).rows
     from bullet_trt.model.loader import resolve_dtype  # torch, only where a GPU is sized
 
     tiles = moe_tiles_of(arch, gpu.name, experts, resolve_dtype(arch, cfg.dtype, "cuda"))

@@ -64,9 +64,16 @@ def expert_parameters(arch: ModelArch) -> int:
     return len(arch.moe_layers) * arch.num_experts * 3 * arch.hidden_size * arch.moe_intermediate_size
 
 
+def kv_value_bytes(cache_dtype: str, dtype_bytes: int) -> int:
+    """A cached K or V value's bytes under ``kv.cache_dtype``."""
+    return 1 if cache_dtype == "fp8" else dtype_bytes
+
+
 def plan_rank(arch: ModelArch, dtype_bytes: int, tp: int, gpu_memory_bytes: float,
-              memory_fraction: float, context: int = TYPICAL_CONTEXT, fp8_experts: bool = False) -> RankMemory:
-    """``fp8_experts``: the experts at one byte a weight and a float32 scale per 128 x 128 block."""
+              memory_fraction: float, context: int = TYPICAL_CONTEXT, fp8_experts: bool = False,
+              kv_dtype_bytes: int | None = None) -> RankMemory:
+    """``fp8_experts``: the experts at one byte a weight and a float32 scale per 128 x 128 block;
+    ``kv_dtype_bytes``: a cached K or V value's bytes (None: dtype_bytes)."""
     if tp < 1 or arch.num_heads % tp:
         raise ValueError(f"tensor_parallel_size must divide the {arch.num_heads} attention heads, got {tp}")
     # replicated KV heads add their K/V projections to every rank's share
@@ -74,19 +81,20 @@ def plan_rank(arch: ModelArch, dtype_bytes: int, tp: int, gpu_memory_bytes: floa
     extra_kv_proj = arch.num_layers * 2 * arch.hidden_size * arch.num_kv_heads * arch.head_dim * (kv_rep - 1)
     experts = expert_parameters(arch) if fp8_experts else 0
     weights = ((parameters(arch) - experts + extra_kv_proj) * dtype_bytes + experts * fp8_blocks.BYTES_PER_WEIGHT) / tp
-    kv_per_token = 2.0 * arch.num_layers * kv_heads_per_rank(arch, tp) * arch.head_dim * dtype_bytes
+    kv_per_token = 2.0 * arch.num_layers * kv_heads_per_rank(arch, tp) * arch.head_dim * (kv_dtype_bytes or dtype_bytes)
     return RankMemory(tp, weights, kv_per_token, gpu_memory_bytes * memory_fraction - weights, context)
 
 
 def table(arch_name: str, arch: ModelArch, dtype_bytes: int, tps: list[int], gpu_memory_gib: float,
-          memory_fraction: float, fp8_experts: bool = False) -> str:
-    experts = " (FP8 experts)" if fp8_experts else ""
+          memory_fraction: float, fp8_experts: bool = False, kv_dtype_bytes: int | None = None) -> str:
+    experts = (" (FP8 experts)" if fp8_experts else "") + (" (FP8 KV cache)" if kv_dtype_bytes == 1 else "")
     lines = [f"{arch_name}: {parameters(arch) / 1e9:.1f}B parameters, {dtype_bytes}-byte weights{experts}, "
              f"{gpu_memory_gib:g} GiB GPUs at kv.gpu_memory_fraction {memory_fraction:g}",
              "", "| TP | weights per GPU | KV per token per GPU | KV pool per GPU | tokens in the pool "
              f"| rows at {TYPICAL_CONTEXT} tokens | fits |", "|---|---|---|---|---|---|---|"]
     for tp in tps:
-        r = plan_rank(arch, dtype_bytes, tp, gpu_memory_gib * GiB, memory_fraction, fp8_experts=fp8_experts)
+        r = plan_rank(arch, dtype_bytes, tp, gpu_memory_gib * GiB, memory_fraction, fp8_experts=fp8_experts,
+                      kv_dtype_bytes=kv_dtype_bytes)
         lines.append(f"| {tp} | {r.weight_bytes / GiB:.1f} GiB | {r.kv_bytes_per_token / 1024:.0f} KiB "
                      f"| {max(r.pool_bytes, 0) / GiB:.1f} GiB | {r.kv_tokens:,} | {r.rows:,} "
                      f"| {'yes' if r.fits else 'no'} |")

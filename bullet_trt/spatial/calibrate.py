@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from bullet_trt.config import load_engine_config
+from bullet_trt.engine.kv_pool import fill_random
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.session import BatchItem, TorchSession
 from bullet_trt.engine.shared_state import build_shared_state
@@ -118,7 +119,7 @@ def measurement_setup(engine_dir: str | Path, sm_counts, overrides: dict | None 
         raise RuntimeError("measuring the engine needs a CUDA GPU")
     cfg = load_engine_config(engine_dir, overrides)
     state, model = build_shared_state(cfg, share=False)
-    state.kv_pool.normal_()
+    fill_random(state.kv_pool)
     # prefill as the prefill worker runs it (eager, or its piecewise graphs), decode from the
     # decode profile's graphs
     profile = dataclasses.replace(worker_profiles(cfg)["prefill"], cuda_graph_batch_sizes=cfg.decode.cuda_graph_batch_sizes)
@@ -147,7 +148,7 @@ def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (3
     rng.shuffle(shuffled)
     cut = int(len(shuffled) * 0.7)
     train, held_out = shuffled[:cut], shuffled[cut:]
-    cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size(), state.fp8_experts)
+    cost = ModelCost.of_state(state)
     model_fit = fit(cost, total, train)
     quantization = state.expert_quantization
     report = {"gpu": gpu, "total_sms": total, "points": len(points),

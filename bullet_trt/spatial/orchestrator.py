@@ -172,7 +172,7 @@ class SpatialEngine:
         """The engine directory's calibration for this GPU, else uncalibrated defaults that
         the online correction then pulls toward measured times."""
         arch, shard = self.state.arch, self.state.shard
-        cost = ModelCost.from_arch(arch, self.state.kv_pool.element_size(), self.state.fp8_experts).per_rank(
+        cost = ModelCost.of_state(self.state).per_rank(
             shard.size, shard.kv_heads(arch)[1], arch.num_kv_heads)
         gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         quantization = self.state.expert_quantization

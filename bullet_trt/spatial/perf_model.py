@@ -76,8 +76,9 @@ class ModelCost:
     expert_flops_per_token: float = 0.0  # the part of flops_per_token in the routed experts
 
     @staticmethod
-    def from_arch(arch, dtype_bytes: int, fp8_experts: bool = False) -> "ModelCost":
-        """``fp8_experts``: the experts are read at one byte a weight (quantization=fp8)."""
+    def from_arch(arch, dtype_bytes: int, fp8_experts: bool = False, kv_dtype_bytes: int | None = None) -> "ModelCost":
+        """``fp8_experts``: the experts are read at one byte a weight (quantization=fp8);
+        ``kv_dtype_bytes``: a cached K or V value's bytes (kv.cache_dtype; None: dtype_bytes)."""
         h, layers = arch.hidden_size, arch.num_layers
         q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
         moe = len(arch.moe_layers)
@@ -89,12 +90,18 @@ class ModelCost:
         read = layers * attention + (layers - moe) * dense_mlp + moe * router + lm_head
         touched = read + moe * arch.num_experts_per_tok * expert
         return ModelCost(weight_bytes=read * dtype_bytes, flops_per_token=2.0 * touched,
-                         kv_bytes_per_token=2.0 * layers * kv * dtype_bytes,
+                         kv_bytes_per_token=2.0 * layers * kv * (kv_dtype_bytes or dtype_bytes),
                          attn_flops_per_pair=4.0 * layers * q,
                          expert_bytes=moe * expert * (1 if fp8_experts else dtype_bytes),
                          num_experts=arch.num_experts if moe else 0,
                          experts_per_token=arch.num_experts_per_tok if moe else 0,
                          expert_flops_per_token=2.0 * moe * arch.num_experts_per_tok * expert)
+
+    @staticmethod
+    def of_state(state) -> "ModelCost":
+        """The cost of the model an engine's shared state (engine/shared_state.py) holds: its
+        weights' dtype, its experts' form and its pool's element type."""
+        return ModelCost.from_arch(state.arch, state.dtype.itemsize, state.fp8_experts, state.kv_pool.element_size())
 
     def per_rank(self, tp: int, kv_heads_per_rank: int, num_kv_heads: int) -> "ModelCost":
         """One tensor-parallel rank's share: 1/tp of the weights, FLOPs, attention and the

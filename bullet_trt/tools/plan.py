@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype-bytes", type=int, default=2, choices=(1, 2, 4), help="bytes per weight (default 2: bf16)")
     ap.add_argument("--fp8-experts", action="store_true",
                     help="an MoE model's experts in FP8 blocks (quantization=fp8): a byte a weight")
+    ap.add_argument("--fp8-kv", action="store_true", help="K and V cached in FP8 (kv.cache_dtype=fp8): a byte a value")
     args = ap.parse_args(argv)
     if args.arch:
         name, arch = args.arch, ModelArch.from_hf_dict(PRESETS[args.arch], source=args.arch)
@@ -35,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         name, arch = args.engine_dir, ModelArch.from_checkpoint(cfg.checkpoint_path)
     try:
         tps = [int(x) for x in args.tp.split(",") if x.strip()]
-        print(table(name, arch, args.dtype_bytes, tps, args.gpu_memory_gib, args.memory_fraction, args.fp8_experts))
+        print(table(name, arch, args.dtype_bytes, tps, args.gpu_memory_gib, args.memory_fraction, args.fp8_experts,
+                    1 if args.fp8_kv else None))
     except ValueError as e:
         raise SystemExit(f"bullet-trt plan: {e}")
     return 0

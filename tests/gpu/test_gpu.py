@@ -22,21 +22,24 @@ from tests.gpu.numerics import rel_err
 BF16_REL_TOL = 3e-2
 
 
-def hf_logits(ckpt, ids: list[int]) -> torch.Tensor:
+def hf_logits(ckpt, ids: list[int], fp8_kv: bool = False) -> torch.Tensor:
+    """transformers' fp32 logits (``fp8_kv``: its attention reading E4M3-rounded K/V)."""
     from transformers import AutoModelForCausalLM
-    hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+
+    from tests.test_fp8_kv_cache import hf_rounded
+    hf = hf_rounded(ckpt) if fp8_kv else AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     with torch.no_grad():
         return hf(torch.tensor([ids])).logits[0]
 
 
 def our_last_logits(ckpt, prompts: list[list[int]], block_size: int, dtype=torch.bfloat16,
-                    fp8_experts: bool = False, fp8_activations: bool = False) -> torch.Tensor:
+                    fp8_experts: bool = False, fp8_activations: bool = False, kv_dtype=None) -> torch.Tensor:
     arch = ModelArch.from_checkpoint(ckpt)
     model = CausalLM(arch, dtype, "cuda", max_positions=512, fp8_experts=fp8_experts, fp8_activations=fp8_activations)
     load_checkpoint(model, ckpt, dtype)
     nb = sum(-(-len(p) // block_size) for p in prompts)
     pool = torch.zeros(arch.num_layers, 2, nb + 1, block_size, arch.num_kv_heads, arch.head_dim,
-                       dtype=dtype, device="cuda")
+                       dtype=kv_dtype or dtype, device="cuda")
     tables, nxt = [], 1  # block 0 stays unused so a wrong table shows
     for p in prompts:
         n = -(-len(p) // block_size)
@@ -51,10 +54,10 @@ def our_last_logits(ckpt, prompts: list[list[int]], block_size: int, dtype=torch
         return model.compute_logits(hidden[meta.cu_seqlens_q[1:].long() - 1]).cpu()
 
 
-def argmax_gaps(ckpt, prompt: list[int], tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def argmax_gaps(ckpt, prompt: list[int], tokens: list[int], fp8_kv: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """For each generated token, how far its fp32 reference logit lies below the reference's
     maximum, and the step's largest logit (the scale bf16 error goes by)."""
-    logits = hf_logits(ckpt, prompt + tokens)[len(prompt) - 1:-1]
+    logits = hf_logits(ckpt, prompt + tokens, fp8_kv)[len(prompt) - 1:-1]
     chosen = logits.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1)
     return logits.max(dim=-1).values - chosen, logits.abs().max(dim=-1).values
 
@@ -206,3 +209,40 @@ def test_fp8_experts_serve_greedy_argmax_tokens(checkpoint, mode, tmp_path, requ
         out = llm.generate_token_ids([prompt], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))[0]
     gap, scale = argmax_gaps(dequantized_copy(ckpt, tmp_path / "dequantized"), prompt, out.token_ids)
     assert len(out.token_ids) == 32 and bool((gap <= BF16_REL_TOL * scale).all()), gap.tolist()
+
+
+@pytest.mark.parametrize("variant", ["qwen3", "llama-llama3", "qwen3_moe-mixed"])
+def test_fp8_kv_cache_matches_transformers_rounding_its_kv(checkpoint, variant):
+    """kv.cache_dtype=fp8 on a GPU (the Triton write rounding to E4M3, the attention kernels reading
+    it): against transformers' fp32 logits with its attention's K/V rounded alike
+    (tests/test_fp8_kv_cache.py), no farther than the bf16 pool is from plain transformers; and
+    the rounding shows against plain transformers."""
+    ckpt = checkpoint(variant)
+    prompts = random_prompts(8, seed=6)
+    rounded = torch.stack([hf_logits(ckpt, p, fp8_kv=True)[-1] for p in prompts])
+    plain = torch.stack([hf_logits(ckpt, p)[-1] for p in prompts])
+    bf16_error = rel_err(our_last_logits(ckpt, prompts, block_size=16), plain)
+    got = our_last_logits(ckpt, prompts, block_size=16, kv_dtype=torch.float8_e4m3fn)
+    assert rel_err(got, rounded) < max(BF16_REL_TOL, 1.25 * bf16_error)
+    assert rel_err(rounded, plain) > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["chunked", "bullet"])
+def test_fp8_kv_cache_serves_greedy_argmax_tokens(checkpoint, mode, tmp_path, request):
+    """The engine over an FP8 pool (decode graphs captured over it; in bullet mode both workers
+    attach it through CUDA IPC, on green partitions): each greedy token a maximum of
+    transformers' fp32 logits over E4M3-rounded K/V, up to bf16 error; every block back."""
+    if mode == "bullet":
+        request.getfixturevalue("mps_daemon")
+    ckpt = checkpoint("qwen3")
+    engine = build_from_checkpoint(ckpt, tmp_path / "engine", max_model_len=256, dtype="bfloat16")
+    prompt = random_prompts(1, seed=9)[0]
+    settings = {"serve.mode": mode, "kv.num_blocks": 256, "kv.cache_dtype": "fp8"}
+    if mode == "bullet":
+        settings["serve.partitioner"] = "green"
+    with LLM(str(engine), **settings) as llm:
+        out = llm.generate_token_ids([prompt], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))[0]
+        stats = llm.engine.stats()
+    gap, scale = argmax_gaps(ckpt, prompt, out.token_ids, fp8_kv=True)
+    assert len(out.token_ids) == 32 and bool((gap <= BF16_REL_TOL * scale).all()), gap.tolist()
+    assert stats.kv_blocks_free == stats.kv_blocks_total

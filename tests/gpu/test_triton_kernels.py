@@ -118,6 +118,30 @@ def test_write_kv_cache(dtype, T, hkv, d, bs):
     assert torch.equal(cache, want)
 
 
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+def test_write_kv_cache_rounds_to_fp8_and_saturates(dtype):
+    """kv.cache_dtype=fp8: the kernel stores what the reference stores, byte for byte, values past
+    E4M3's 448 clamped to it (a plain cast would make them NaN)."""
+    if not CUDA:
+        # The interpreter's own float-to-E4M3 conversion rounds values just below a power of two,
+        # and subnormals, to other codes than the GPU's and torch's; a CPU serves with the reference.
+        pytest.skip("the Triton interpreter's E4M3 rounding is not the GPU's")
+    T, hkv, d, bs = (777, 8, 128, 16) if BIG else (13, 2, 32, 16)
+    num_blocks = T // bs + 7
+    cache = torch.zeros(2, num_blocks, bs, hkv, d, dtype=torch.float8_e4m3fn, device=DEV)
+    want = cache.clone()
+    slots = torch.randperm(num_blocks * bs)[:T].to(DEV)
+    kv = randn(T, 2 * hkv, d, dtype=dtype)
+    kv[::3] *= 1000  # every third token far outside E4M3's range
+    k, v = kv[:, :hkv], kv[:, hkv:]
+    ref.write_kv_cache(k, v, want, slots)
+    tops.write_kv_cache(k, v, cache, slots)
+    assert torch.equal(cache.view(torch.uint8), want.view(torch.uint8))
+    stored = cache.float().view(2, -1, hkv, d)[:, slots.long()]
+    assert not stored.isnan().any() and stored.abs().max().item() == 448.0
+    assert torch.allclose(stored[0, 1::3], k[1::3].float(), rtol=1 / 16, atol=2.0 ** -9)
+
+
 # -- paged attention --------------------------------------------------------------------------
 
 def attention_case(q_lens, ctx_lens, bs, hq, hkv, d, dtype, capacity=None):
@@ -186,6 +210,16 @@ def test_decode_follows_set_num_sms():
     ([37], [37]), ([20, 7, 33], [20, 7, 60]), ([9], [50])])
 def test_prefill_attention(dtype, q_lens, ctx_lens):
     check_attention(*attention_case(q_lens, ctx_lens, 16, *H, dtype), dtype)
+
+
+@pytest.mark.parametrize("q_lens,ctx", [([1] * 5, [1, 16, 17, 70, 33]), ([1, 13, 1, 0, 6], [40, 30, 1, 5, 6])]
+                         if not BIG else [([1] * 6, [1, 16, 17, 1000, 2047, 4096]), ([1, 600, 1, 45], [4096, 1800, 333, 45])],
+                         ids=["decode", "mixed"])
+def test_attention_reads_an_fp8_cache(q_lens, ctx):
+    """kv.cache_dtype=fp8: the kernels read E4M3 K/V into the queries' dtype (exact), so they
+    match the reference over the same cache read back in fp32."""
+    q, cache, meta = attention_case(q_lens, ctx, 16, *H, BF16)
+    check_attention(q, cache.to(torch.float8_e4m3fn), meta, BF16)
 
 
 @pytest.mark.parametrize("mixed_split", [True, False])

@@ -2,7 +2,7 @@
 one ahead (`decode.overlap_steps`), on one GPU, without a server.
 
     bullet-trt bench decode-overlap --engine-dir engines/llama-3.1-8b [--batch 512] [--ctx 512]
-        [--steps 60] [--sms 108 [--switch-every 4]] [--launch-late] [--json out.json]
+        [--steps 60] [--sms 108 [--switch-every 4]] [--launch-late] [--set KEY=VALUE ...] [--json out.json]
 
 Both loops are the worker's own code: a persistent decode batch of `--batch` rows (each bans
 its end tokens, as a benchmark's requests do until their min_tokens) stepped by the plain path
@@ -35,8 +35,9 @@ import time
 
 import torch
 
-from bullet_trt.config import load_engine_config
+from bullet_trt.config import load_engine_config, parse_overrides
 from bullet_trt.engine.gc_freeze import freeze_startup_objects
+from bullet_trt.engine.kv_pool import fill_random
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.session import BatchItem
 from bullet_trt.engine.shared_state import attach_session, build_shared_state
@@ -103,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="launch each overlapped step shortly before the one in flight is due to end "
                          "(decode.overlap_launch_late), as the worker then does")
     ap.add_argument("--profile-steps", type=int, default=6)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="engine overrides (quantization=fp8-w8a8, kv.cache_dtype=fp8, ...)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -116,12 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     split = decode_split(total, part.splits(), args.sms)
 
     # decode slots and graphs as a GPU server sizes them (engine.yaml's suit a CPU)
-    cfg = load_engine_config(args.engine_dir, {"kv.gpu_memory_fraction": 0.5,
+    cfg = load_engine_config(args.engine_dir, {**parse_overrides(args.set), "kv.gpu_memory_fraction": 0.5,
                                                "decode.max_num_seqs": MAX_DECODE_ROWS,
                                                "decode.max_num_batched_tokens": MAX_DECODE_ROWS,
                                                "decode.cuda_graph_batch_sizes": list(GRAPH_BUCKETS)})
     state, _ = build_shared_state(cfg, share=False)
-    state.kv_pool.normal_()  # attention reads cached tokens of random data, not zeros
+    fill_random(state.kv_pool)  # attention reads cached tokens of random data, not zeros
     profile = worker_profiles(cfg)["decode"]
     session = attach_session(state, profile)
     session.warm_up()
@@ -157,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
 
     report: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "ctx": args.ctx,
                     "decode_sms": split.sms_of("decode"), "steps": args.steps, "switch_every": args.switch_every,
-                    "launch_late": args.launch_late}
+                    "launch_late": args.launch_late, "overrides": parse_overrides(args.set),
+                    "kv_cache_dtype": str(state.kv_pool.dtype).removeprefix("torch.")}
 
     plain_batch = fresh_batch()
 

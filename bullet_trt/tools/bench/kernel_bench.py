@@ -70,7 +70,7 @@ def run(setup, batch: int = 64, ctx: int = 1024, prefill_tokens: int = 4096) -> 
     from bullet_trt.kernels import ops_for
 
     cfg, state, session, streams = setup
-    cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size(), state.fp8_experts)
+    cost = ModelCost.of_state(state)
     set_num_sms = getattr(ops_for(state.kv_pool.device), "set_num_sms", None)
     decode_items = profile_items([ctx] * batch, True, state.block_size, state.arch.vocab_size)
     prefill_items = profile_items([prefill_tokens], False, state.block_size, state.arch.vocab_size)

@@ -44,6 +44,7 @@ import time
 import torch
 
 from bullet_trt.config import load_engine_config
+from bullet_trt.engine.kv_pool import fill_random
 from bullet_trt.engine.piecewise_graphs import PiecewiseGraphs
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.session import BatchItem, TorchSession
@@ -186,7 +187,7 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
     buckets = sorted({c + d for c, d in steps})
     cfg = load_engine_config(engine_dir, {"device": "cuda"})
     state, model = build_shared_state(cfg, share=False)
-    state.kv_pool.normal_()
+    fill_random(state.kv_pool)
     vocab = state.arch.vocab_size
     need = max(max(b for it in mixed_items(c, d, ctx, state.block_size, vocab) for b in it.block_table) + 1
                for c, d in steps)
@@ -199,7 +200,7 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         graphs.capture_all()
-    cost = ModelCost.from_arch(state.arch, state.kv_pool.element_size(), state.fp8_experts)
+    cost = ModelCost.of_state(state)
     rate = gemm_tflops(stream)
 
     def eager_and_graphed(items: list[BatchItem]) -> tuple[float, float]:

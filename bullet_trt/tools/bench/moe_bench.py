@@ -42,6 +42,7 @@ import json
 
 import torch
 
+from bullet_trt.engine.kv_pool import fill_random
 from bullet_trt.tools.bench.kernel_bench import copy_gbs, do_bench, gemm_tflops
 from bullet_trt.tools.bench.json_output import write_json
 
@@ -161,7 +162,7 @@ def engine_table(engine_dir: str, batch: int, ctx: int, prefill_tokens: int, mem
 
     cfg = load_engine_config(engine_dir, {"kv.gpu_memory_fraction": memory_fraction, "quantization": quantization})
     state, model = build_shared_state(cfg, share=False)
-    state.kv_pool.normal_()
+    fill_random(state.kv_pool)
     arch = state.arch
     if not arch.moe_layers:
         raise SystemExit(f"bench moe: {engine_dir} is not a mixture-of-experts model")
@@ -202,7 +203,7 @@ def engine_table(engine_dir: str, batch: int, ctx: int, prefill_tokens: int, mem
     stream = torch.cuda.current_stream()
     decode_ms = time_ms(lambda: session.run(decode), stream, repeats=10)
     prefill_ms = time_ms(lambda: session.run(prefill), stream, repeats=3)
-    cost = ModelCost.from_arch(arch, state.kv_pool.element_size(), state.fp8_experts)
+    cost = ModelCost.of_state(state)
     one_expert = cost.expert_bytes / len(arch.moe_layers)
     kv = cost.kv_bytes_per_token * batch * ctx
     routed = cost.weight_bytes + sum(hits) * one_expert + kv

@@ -1,0 +1,22 @@
+"""K and V cached as FP8 (E4M3) at a scale of 1 (kv.cache_dtype=fp8): each value is rounded to
+E4M3 as it is written and read back in the queries' dtype by the attention kernels. No scale is
+kept, as vLLM keeps none without a checkpoint's: K after Qwen3's q/k norm and V stay far below
+E4M3's 448, and a value beyond it saturates there rather than turning into NaN."""
+from __future__ import annotations
+
+import torch
+
+from bullet_trt.kernels.fp8_blocks import FP8, FP8_MAX
+
+
+def saturation(cache_dtype: torch.dtype) -> float:
+    """The bound values written to a cache of this dtype are clamped to (0: none)."""
+    return FP8_MAX if cache_dtype == FP8 else 0.0
+
+
+def to_cache(x: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
+    """x as a cache of ``cache_dtype`` stores it."""
+    bound = saturation(cache_dtype)
+    if bound:
+        x = x.float().clamp(-bound, bound)
+    return x.to(cache_dtype)
