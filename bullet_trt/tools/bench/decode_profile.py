@@ -1,6 +1,7 @@
 """`bullet-trt bench decode-profile`: where the time of one decode step goes, on a CUDA GPU.
 
-    bullet-trt bench decode-profile --engine-dir engines/llama-3.1-8b [--batch 64 --ctx 1024] [--json out.json]
+    bullet-trt bench decode-profile --engine-dir engines/llama-3.1-8b [--batch 64 --ctx 1024] [--set KEY=VALUE ...]
+        [--json out.json]
 
 Prints, for the engine's decode step at (batch, ctx) on the whole GPU:
 - the whole step (host staging, graph replay, sampling, the sync that returns tokens), the
@@ -21,6 +22,7 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
+from bullet_trt.config import parse_overrides
 from bullet_trt.spatial.calibrate import measurement_setup, profile_items, time_ms
 from bullet_trt.spatial.perf_model import ModelCost
 from bullet_trt.tools.bench.kernel_bench import copy_gbs
@@ -81,12 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-dir", required=True)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="engine overrides (quantization=fp8-w8a8, kv.cache_dtype=fp8, decode graphs for --batch, ...)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench decode-profile needs a CUDA GPU")
 
-    cfg, state, session, streams = measurement_setup(args.engine_dir, [], {"kv.gpu_memory_fraction": 0.6})
+    overrides = parse_overrides(args.set)
+    cfg, state, session, streams = measurement_setup(args.engine_dir, [], {"kv.gpu_memory_fraction": 0.6, **overrides})
     stream = streams[max(streams)]
     arch, model = state.arch, session.model
     cost = ModelCost.of_state(state)
@@ -95,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     roofline_ms = (cost.step_weight_bytes(args.batch) + cost.kv_bytes_per_token * args.batch * args.ctx) / bw / 1e6
     report: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "ctx": args.ctx,
                     "copy_GBps": round(bw, 1), "roofline_ms": round(roofline_ms, 3),
-                    "fused_groups": model.fused_groups, "layers": arch.num_layers}
+                    "fused_groups": model.fused_groups, "layers": arch.num_layers, "overrides": overrides,
+                    "kv_cache_dtype": str(state.kv_pool.dtype).removeprefix("torch.")}
 
     graphs = session.graphs
     b = graphs.bucket(args.batch) if graphs is not None else None
