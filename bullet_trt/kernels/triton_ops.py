@@ -56,6 +56,12 @@ DECODE_CONFIGS = {
     (True, False): dict(BLOCK_N=32, num_warps=8, num_stages=2),
     (True, True): dict(BLOCK_N=16, num_warps=8, num_stages=2),
 }
+# Over an FP8 cache (kv.cache_dtype=fp8), keyed by head dim > 128: a tile moves half the bytes,
+# so the bf16 cache's tiles leave the kernel bound by its loop rather than by HBM.
+DECODE_CONFIGS_FP8_CACHE = {
+    False: dict(BLOCK_N=64, num_warps=4, num_stages=2),
+    True: dict(BLOCK_N=32, num_warps=4, num_stages=2),
+}
 PREFILL_CONFIGS = {
     (False, False): dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
     (False, True): dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
@@ -412,6 +418,19 @@ def _config(table: dict, dtype: torch.dtype, head_dim: int) -> dict:
     return dict(table[(dtype == torch.float32, head_dim > 128)])
 
 
+def decode_config_table(dtype: torch.dtype, head_dim: int, cache_dtype: torch.dtype | None = None) -> tuple[dict, object]:
+    """(the table, its key) holding the decode kernel's tiles for queries of ``dtype`` over a
+    cache of ``cache_dtype`` (None: the queries' dtype)."""
+    if cache_dtype is not None and cache_dtype.itemsize == 1:
+        return DECODE_CONFIGS_FP8_CACHE, head_dim > 128
+    return DECODE_CONFIGS, (dtype == torch.float32, head_dim > 128)
+
+
+def _decode_config(dtype: torch.dtype, head_dim: int, cache_dtype: torch.dtype | None) -> dict:
+    table, key = decode_config_table(dtype, head_dim, cache_dtype)
+    return dict(table[key])
+
+
 def decode_num_splits(batch: int, num_kv_heads: int, max_seqlen_k: int, num_sms: int,
                       block_n: int = 64) -> int:
     """Splits of each sequence's context so that batch * num_kv_heads * splits programs keep
@@ -423,11 +442,12 @@ def decode_num_splits(batch: int, num_kv_heads: int, max_seqlen_k: int, num_sms:
 
 
 def decode_splits_for(batch: int, num_kv_heads: int, max_seqlen_k: int, dtype: torch.dtype,
-                      head_dim: int, device: torch.device | str | None = None) -> int:
+                      head_dim: int, device: torch.device | str | None = None,
+                      cache_dtype: torch.dtype | None = None) -> int:
     """The split count a decode call with these host-side facts uses."""
     if DECODE_SPLITS_OVERRIDE is not None:
         return max(1, int(DECODE_SPLITS_OVERRIDE))
-    block_n = _config(DECODE_CONFIGS, dtype, head_dim)["BLOCK_N"]
+    block_n = _decode_config(dtype, head_dim, cache_dtype)["BLOCK_N"]
     return decode_num_splits(batch, num_kv_heads, max_seqlen_k, get_num_sms(device), block_n)
 
 
@@ -436,9 +456,9 @@ def _decode(q, kv_cache, meta, qk_scale, out, prec):
     HK, BS = kv_cache.shape[3], kv_cache.shape[2]
     G = HQ // HK
     B = meta.seq_lens.shape[0]
-    cfg = _config(DECODE_CONFIGS, q.dtype, D)
+    cfg = _decode_config(q.dtype, D, kv_cache.dtype)
     block_n = cfg.pop("BLOCK_N")
-    splits = decode_splits_for(B, HK, meta.max_seqlen_k, q.dtype, D, q.device)
+    splits = decode_splits_for(B, HK, meta.max_seqlen_k, q.dtype, D, q.device, kv_cache.dtype)
     block_d = triton.next_power_of_2(D)
     g_pad = max(16, triton.next_power_of_2(G))
     tables = meta.block_tables

@@ -163,7 +163,7 @@ def read_gbs(gib: float = 1.0) -> float:
 
 
 def paged_case(q_lens: list[int], ctx_lens: list[int], block_size: int = 16, heads=L8B_HEADS,
-               dtype=torch.bfloat16):
+               dtype=torch.bfloat16, cache_dtype=None):
     """(q, KV cache, metadata): every context's blocks in the cache, shuffled."""
     from bullet_trt.kernels.metadata import AttentionMetadata
 
@@ -175,19 +175,19 @@ def paged_case(q_lens: list[int], ctx_lens: list[int], block_size: int = 16, hea
         tables.append(perm[at:at + n])
         at += n
     meta = AttentionMetadata.build(list(q_lens), list(ctx_lens), tables, block_size, "cuda")
-    cache = torch.randn(2, sum(need), block_size, hkv, d, device="cuda", dtype=dtype)
+    cache = torch.randn(2, sum(need), block_size, hkv, d, device="cuda", dtype=dtype).to(cache_dtype or dtype)
     q = torch.randn(sum(q_lens), hq, d, device="cuda", dtype=dtype)
     return q, cache, meta
 
 
-def decode_case(batch: int, ctx: int, heads=L8B_HEADS):
+def decode_case(batch: int, ctx: int, heads=L8B_HEADS, cache_dtype=torch.bfloat16):
     """(fn, bytes it must read and write, splits): K and V of every context, q in, out."""
     from bullet_trt.kernels import triton_ops as tops
 
     hq, hkv, d = heads
-    q, cache, meta = paged_case([1] * batch, [ctx] * batch, heads=heads)
-    nbytes = batch * ctx * hkv * d * 2 * 2 + 2 * q.numel() * 2
-    splits = tops.decode_splits_for(batch, hkv, ctx, torch.bfloat16, d)
+    q, cache, meta = paged_case([1] * batch, [ctx] * batch, heads=heads, cache_dtype=cache_dtype)
+    nbytes = batch * ctx * hkv * d * 2 * cache.element_size() + 2 * q.numel() * 2
+    splits = tops.decode_splits_for(batch, hkv, ctx, torch.bfloat16, d, cache_dtype=cache.dtype)
     return (lambda: tops.paged_attention(q, cache, meta, d ** -0.5)), nbytes, splits
 
 
@@ -281,32 +281,53 @@ def attention(partitions: dict[int, object], total: int) -> dict:
     return out
 
 
+def sweep_decode(batch: int = 64, ctx: int = 1024, heads=L8B_HEADS, cache_dtype=torch.bfloat16,
+                 block_ns=(32, 64, 128), stages_list=(2, 3), splits_list=(1, 2, 4)) -> list[dict]:
+    """Tile configurations of the decode kernel over a cache of ``cache_dtype`` (bf16 queries, head
+    dim <= 128), with forced split counts; the module's table is restored after. Each row: the
+    rate it reads the cache at, and its time."""
+    from bullet_trt.kernels import triton_ops as tops
+
+    table, key = tops.decode_config_table(torch.bfloat16, heads[2], cache_dtype)
+    fn, nbytes, chosen = decode_case(batch, ctx, heads, cache_dtype)
+    saved, rows = dict(table[key]), []
+    try:
+        for block_n in block_ns:
+            for warps in (4, 8):
+                for stages in stages_list:
+                    for splits in splits_list:
+                        table[key] = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+                        tops.DECODE_SPLITS_OVERRIDE = splits
+                        row = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "splits": splits,
+                               "batch": batch, "ctx": ctx, "heads": list(heads),
+                               "cache": str(cache_dtype).removeprefix("torch.")}
+                        try:
+                            ms = do_bench(fn)
+                            row.update(GBps=round(nbytes / ms / 1e6, 1), ms=round(ms, 4))
+                        except Exception as e:  # noqa: BLE001 - a config that does not compile is a result
+                            row["error"] = str(e)[:120]
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+        table[key] = saved
+        tops.DECODE_SPLITS_OVERRIDE = None
+        ms = do_bench(fn)
+        rows.append({"shipped": saved, "splits": chosen, "batch": batch, "ctx": ctx, "heads": list(heads),
+                     "cache": str(cache_dtype).removeprefix("torch."), "GBps": round(nbytes / ms / 1e6, 1),
+                     "ms": round(ms, 4)})
+        print(json.dumps(rows[-1]), flush=True)
+    finally:
+        table[key] = saved
+        tops.DECODE_SPLITS_OVERRIDE = None
+    return rows
+
+
 def sweep() -> dict:
     """Tile configurations of the decode kernel (B64 ctx1024, with forced split counts) and the
     prefill kernel (4096 tokens), bf16 head dim 128; the module's tables are restored after."""
     from bullet_trt.kernels import triton_ops as tops
 
     key = (False, False)  # bf16/fp16, head dim <= 128
-    out: dict = {"decode": [], "prefill": []}
-    fn, nbytes, _ = decode_case(64, 1024)
-    saved = dict(tops.DECODE_CONFIGS[key])
-    try:
-        for block_n in (32, 64, 128):
-            for warps in (4, 8):
-                for stages in (2, 3):
-                    for splits in (1, 2, 4):
-                        tops.DECODE_CONFIGS[key] = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
-                        tops.DECODE_SPLITS_OVERRIDE = splits
-                        row = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "splits": splits}
-                        try:
-                            row["GBps"] = round(nbytes / do_bench(fn) / 1e6, 1)
-                        except Exception as e:  # noqa: BLE001 - a config that does not compile is a result
-                            row["error"] = str(e)[:120]
-                        out["decode"].append(row)
-                        print(json.dumps(row), flush=True)
-    finally:
-        tops.DECODE_CONFIGS[key] = saved
-        tops.DECODE_SPLITS_OVERRIDE = None
+    out: dict = {"decode": sweep_decode(), "prefill": []}
     fn, flops = prefill_case(4096)
     saved = dict(tops.PREFILL_CONFIGS[key])
     try:
@@ -380,10 +401,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--prefill-tokens", type=int, default=4096)
+    ap.add_argument("--sweep-decode", metavar="HQ,HKV,D",
+                    help="only sweep the decode kernel's tiles at --batch x --ctx for these heads "
+                         "(32,4,128: Qwen3-30B-A3B), over a cache of --kv-dtype")
+    ap.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16", help="the cache --sweep-decode reads")
     ap.add_argument("--json", help="write every table's rows here, by section")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench kernels needs a CUDA GPU")
+    if args.sweep_decode:
+        heads = tuple(int(x) for x in args.sweep_decode.split(","))
+        cache = torch.float8_e4m3fn if args.kv_dtype == "fp8" else torch.bfloat16
+        rows = sweep_decode(args.batch, args.ctx, heads, cache, block_ns=(64, 128, 256),
+                            stages_list=(2, 3, 4), splits_list=(1, 2))
+        write_json(args.json, {"decode_sweep": rows})
+        return 0
     engine_table = not args.no_engine_table
     if (engine_table or args.compare_blas) and not args.engine_dir:
         raise SystemExit("bench kernels: --engine-dir is needed for the engine table (or --no-engine-table) "
