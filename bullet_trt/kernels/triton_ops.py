@@ -62,6 +62,9 @@ DECODE_CONFIGS_FP8_CACHE = {
     False: dict(BLOCK_N=64, num_warps=4, num_stages=2),
     True: dict(BLOCK_N=32, num_warps=4, num_stages=2),
 }
+# Over an FP8 cache, decode's products take K and V converted to fp16 (E4M3 is exact in either,
+# and a bf16 query is too, bar values past fp16's range) rather than to the queries' bf16.
+FP8_CACHE_DOT_FP16 = True
 PREFILL_CONFIGS = {
     (False, False): dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
     (False, True): dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
@@ -335,7 +338,8 @@ def _decode_kernel(Q, KV, CU, SEQ_LENS, BT, O, MID_O, MID_LSE,
                    qk_scale, num_splits,
                    HQ: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+                   DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+                   DOT_FP16: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -353,6 +357,8 @@ def _decode_kernel(Q, KV, CU, SEQ_LENS, BT, O, MID_O, MID_LSE,
     qmask = ((g < G) & is_decode)[:, None] & dmask[None, :]
     q = tl.load(Q + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=qmask, other=0.0)
+    if DOT_FP16:  # K, V and P follow q's dtype below
+        q = q.to(tl.float16)
 
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
@@ -477,7 +483,8 @@ def _decode(q, kv_cache, meta, qk_scale, out, prec):
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         kv_cache.stride(3), tables.stride(0), out.stride(0), out.stride(1), sm[0], sm[1], sm[2],
         qk_scale, splits, HQ=HQ, G=G, G_PAD=g_pad, D=D, BLOCK_D=block_d, BLOCK_N=block_n,
-        BLOCK_SIZE=BS, DIRECT=direct, DOT_PREC=prec, UPCAST=UPCAST_DOT, **cfg)
+        BLOCK_SIZE=BS, DIRECT=direct, DOT_PREC=prec, UPCAST=UPCAST_DOT,
+        DOT_FP16=FP8_CACHE_DOT_FP16 and kv_cache.element_size() == 1 and q.dtype != torch.float32, **cfg)
     if not direct:
         _decode_reduce_kernel[(B, HQ)](
             mid_o, mid_lse, meta.cu_seqlens_q, out, sm[0], sm[1], sm[2], out.stride(0),

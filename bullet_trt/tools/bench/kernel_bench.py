@@ -300,7 +300,8 @@ def sweep_decode(batch: int = 64, ctx: int = 1024, heads=L8B_HEADS, cache_dtype=
                         tops.DECODE_SPLITS_OVERRIDE = splits
                         row = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "splits": splits,
                                "batch": batch, "ctx": ctx, "heads": list(heads),
-                               "cache": str(cache_dtype).removeprefix("torch.")}
+                               "cache": str(cache_dtype).removeprefix("torch."),
+                               "fp8_cache_dot_fp16": tops.FP8_CACHE_DOT_FP16}
                         try:
                             ms = do_bench(fn)
                             row.update(GBps=round(nbytes / ms / 1e6, 1), ms=round(ms, 4))
@@ -405,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only sweep the decode kernel's tiles at --batch x --ctx for these heads "
                          "(32,4,128: Qwen3-30B-A3B), over a cache of --kv-dtype")
     ap.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16", help="the cache --sweep-decode reads")
+    ap.add_argument("--fp8-dot", choices=("fp16", "bf16"), default=None,
+                    help="--sweep-decode over an FP8 cache: the dtype its products take (default: the kernels')")
     ap.add_argument("--json", help="write every table's rows here, by section")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -412,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep_decode:
         heads = tuple(int(x) for x in args.sweep_decode.split(","))
         cache = torch.float8_e4m3fn if args.kv_dtype == "fp8" else torch.bfloat16
+        if args.fp8_dot is not None:
+            from bullet_trt.kernels import triton_ops as tops
+            tops.FP8_CACHE_DOT_FP16 = args.fp8_dot == "fp16"
         rows = sweep_decode(args.batch, args.ctx, heads, cache, block_ns=(64, 128, 256),
                             stages_list=(2, 3, 4), splits_list=(1, 2))
         write_json(args.json, {"decode_sweep": rows})
