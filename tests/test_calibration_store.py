@@ -87,7 +87,7 @@ def test_the_measurement_covers_the_largest_sized_batch_and_keeps_the_users_over
 def test_an_moe_bullet_server_measures_its_prefill_through_the_graphs_sizing_gives_it(tmp_path):
     cfg = engine_of(tmp_path, "qwen3-30b-a3b", {"serve.mode": "bullet"})
     cfg.prefill.max_num_batched_tokens = 4096
-    assert calibration_overrides(cfg)["prefill.piecewise_graph_tokens"] == [128, 256, 512, 1024, 2048]
+    assert calibration_overrides(cfg)["prefill.piecewise_graph_tokens"] == [128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048]
     cfg.serve.sizing = "engine"  # engine.yaml's values: no pieces unless it names them
     assert "prefill.piecewise_graph_tokens" not in calibration_overrides(cfg)
 
@@ -101,7 +101,7 @@ def test_a_chunked_server_measures_prefill_as_the_bullet_worker_runs_it(tmp_path
     cfg = engine_of(tmp_path, "qwen3-30b-a3b", sets)
     cfg.prefill.max_num_batched_tokens = 4096
     overrides = calibration_overrides(cfg)
-    assert overrides["prefill.piecewise_graph_tokens"] == [128, 256, 512, 1024, 2048]
+    assert overrides["prefill.piecewise_graph_tokens"] == [128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048]
     assert "serve.chunk_size" not in overrides and overrides["serve.mode"] == "chunked"
 
 

@@ -84,7 +84,7 @@ def test_an_moe_models_spatial_prefill_worker_gets_piecewise_graphs_and_a_dense_
     moe = ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"])
     bullet = config(tmp_path, {"serve.mode": "bullet"})
     notes = size_for(bullet, moe, H200)
-    assert bullet.prefill.piecewise_graph_tokens == [128, 256, 512, 1024, 2048]  # as measured served
+    assert bullet.prefill.piecewise_graph_tokens == [128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048]  # as measured served
     assert any(n.startswith("prefill.piecewise_graph_tokens") for n in notes)
     small_chunk = config(tmp_path, {"serve.mode": "bullet", "serve.chunk_size": "768"})
     size_for(small_chunk, moe, H200)

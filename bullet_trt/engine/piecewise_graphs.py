@@ -9,8 +9,8 @@ stretch between two attentions (embedding to layer 0's q/k/v, layer i's o_proj t
 q/k/v, the last layer's o_proj to the final norm), and each layer's attention eagerly between
 them over the T real tokens only, so padded rows never reach the KV cache. An MoE layer routes
 the padded rows to no expert (T is read on the device at each replay): all alike, they would
-otherwise land on the same k experts and cost what as many real tokens cost, which the spatial
-prefill worker's coarse buckets make large (a batch of 1100 tokens runs in the 2048 bucket).
+otherwise land on the same k experts and cost what as many real tokens cost (a bucket's padding
+is up to 255 tokens, more below 1024).
 
 The pieces pass their results through static buffers (q, k, v, residual, attention output,
 final hidden), which is what lets every graph of every bucket share one memory pool: nothing
