@@ -98,18 +98,20 @@ def qwen3_engine(tmp_path_factory):
     return engine_dir_for(tmp_path_factory, "qwen3")
 
 
-@pytest.mark.parametrize("mode", ["chunked", "bullet"])  # bullet: worker processes attach the FP8 pool
-def test_engines_over_an_fp8_pool_generate_what_transformers_does(qwen3_engine, mode):
+@pytest.mark.parametrize("mode,tp", [("chunked", 1), ("bullet", 1), ("chunked", 2)],
+                         ids=["chunked", "bullet", "tp2"])  # bullet: worker processes attach the FP8 pool
+def test_engines_over_an_fp8_pool_generate_what_transformers_does(qwen3_engine, mode, tp):
     engine, ckpt = qwen3_engine
     batch = prompts(3, seed=12)
     with torch.no_grad():
         want = [hf_rounded(ckpt).generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24,
                                           do_sample=False, pad_token_id=0, eos_token_id=None)[0, len(ids):].tolist()
                 for ids in batch]
-    with LLM(str(engine), **{"kv.cache_dtype": "fp8", "serve.mode": mode, "kv.block_size": 8}) as llm:
+    with LLM(str(engine), **{"kv.cache_dtype": "fp8", "serve.mode": mode, "kv.block_size": 8,
+                             "parallel.tensor_parallel_size": tp}) as llm:
         got = [c.token_ids for c in llm.generate_token_ids(batch, GREEDY)]
         stats = llm.engine.stats()
-    with LLM(str(engine), **{"serve.mode": "chunked", "kv.block_size": 8}) as llm:
+    with LLM(str(engine), **{"serve.mode": "chunked", "kv.block_size": 8, "parallel.tensor_parallel_size": tp}) as llm:
         plain_blocks = llm.engine.stats().kv_blocks_total
     assert got == want
     assert stats.kv_blocks_free == stats.kv_blocks_total  # every block back

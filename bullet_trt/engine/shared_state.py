@@ -9,6 +9,7 @@ KV heads, with as many blocks as every rank can hold (block ids mean the same on
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +89,10 @@ def build_shared_state(cfg: EngineConfig, share: bool = True, tp=None) -> tuple[
     if tp is not None:
         num_blocks = tp.min(num_blocks)
     pool = create_kv_pool(arch, num_blocks, cfg.kv.block_size, kv_dtype, device, shared=share, shard=shard)
+    if tp is None or tp.rank == 0:
+        print(f"bullet_trt: KV pool: {num_blocks} blocks of {cfg.kv.block_size} tokens ({num_blocks * cfg.kv.block_size} "
+              f"tokens, {pool.numel() * pool.element_size() / 2**30:.2f} GiB{' a rank' if tp is not None else ''}, "
+              f"{str(kv_dtype).removeprefix('torch.')})", file=sys.stderr, flush=True)
     state = SharedEngineState(arch, dtype, weights, pool, cfg.kv.block_size, cfg.max_model_len, shard, in_graphs,
                               experts)
     return state, model
