@@ -68,9 +68,9 @@ class KVCacheConfig:
     prefix_caching: bool = False
     # auto: K and V cached in the model's dtype. fp8: as float8_e4m3fn at a scale of 1 (what
     # vLLM's kv_cache_dtype=fp8 does without scales from the checkpoint; K/V outside +-448
-    # saturate), half the bytes: twice the tokens in the pool, and half of what decode's
-    # attention reads a step, which at hundreds of rows is most of the step's reads beside FP8
-    # experts (docs/serving.md, "FP8 KV cache"). Needs an FP8-capable GPU (compute 8.9+).
+    # saturate), half the bytes: twice the tokens in the pool. Not faster on an H200: decode's
+    # attention over FP8 is bound by its loop, not by the bytes (docs/serving.md, "FP8 KV
+    # cache"). Needs an FP8-capable GPU (compute 8.9+).
     cache_dtype: str = "auto"
 
 

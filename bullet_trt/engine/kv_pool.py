@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
+from bullet_trt.kernels.fp8_blocks import FP8
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.tensor_parallel import Shard
 
 
-FP8_KV = torch.float8_e4m3fn
 # FP8 conversions (and Triton's fp8e4nv) need Ada or Hopper tensor cores
 FP8_MIN_CAPABILITY = (8, 9)
 
@@ -27,7 +27,7 @@ def kv_cache_dtype(cache_dtype: str, model_dtype: torch.dtype, device: torch.dev
                          f"{'.'.join(map(str, FP8_MIN_CAPABILITY))} or later (FP8 conversions); "
                          f"{torch.cuda.get_device_name(device)} has "
                          f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}")
-    return FP8_KV
+    return FP8
 
 
 def bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype, shard: Shard = Shard()) -> int:

@@ -1,7 +1,8 @@
 """K and V cached as FP8 (E4M3) at a scale of 1 (kv.cache_dtype=fp8): each value is rounded to
-E4M3 as it is written and read back in the queries' dtype by the attention kernels. No scale is
-kept, as vLLM keeps none without a checkpoint's: K after Qwen3's q/k norm and V stay far below
-E4M3's 448, and a value beyond it saturates there rather than turning into NaN."""
+E4M3 as it is written and read back exactly by the attention kernels (decode's into fp16, prefill's
+into the queries' dtype). No scale is kept, as vLLM keeps none without a checkpoint's; a value past
+E4M3's 448 (rare after Qwen3's q/k norms, likelier without them) saturates there rather than
+turning into NaN."""
 from __future__ import annotations
 
 import torch
