@@ -197,18 +197,23 @@ def test_fp8_experts_serve_greedy_argmax_tokens(checkpoint, mode, tmp_path, requ
     each greedy token a maximum of the dequantized model's fp32 logits up to bf16 error."""
     from tests.test_fp8_experts import dequantized_copy
 
+    ckpt = checkpoint("qwen3_moe")
+    prompt, tokens, _ = served_greedy(ckpt, mode, tmp_path, request, seed=8, quantization="fp8")
+    gap, scale = argmax_gaps(dequantized_copy(ckpt, tmp_path / "dequantized"), prompt, tokens)
+    assert len(tokens) == 32 and bool((gap <= BF16_REL_TOL * scale).all()), gap.tolist()
+
+
+def served_greedy(ckpt, mode: str, tmp_path, request, seed: int, **settings):
+    """(prompt, 32 greedy tokens, the engine's stats after them) from a bf16 engine over ``ckpt``
+    in ``mode`` (bullet: its workers on green partitions, under the MPS daemon) with ``settings``."""
     if mode == "bullet":
         request.getfixturevalue("mps_daemon")
-    ckpt = checkpoint("qwen3_moe")
-    engine = build_from_checkpoint(ckpt, tmp_path / "engine", max_model_len=256, dtype="bfloat16")
-    prompt = random_prompts(1, seed=8)[0]
-    settings = {"serve.mode": mode, "kv.num_blocks": 256, "quantization": "fp8"}
-    if mode == "bullet":
         settings["serve.partitioner"] = "green"
-    with LLM(str(engine), **settings) as llm:
+    engine = build_from_checkpoint(ckpt, tmp_path / "engine", max_model_len=256, dtype="bfloat16")
+    prompt = random_prompts(1, seed=seed)[0]
+    with LLM(str(engine), **{"serve.mode": mode, "kv.num_blocks": 256, **settings}) as llm:
         out = llm.generate_token_ids([prompt], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))[0]
-    gap, scale = argmax_gaps(dequantized_copy(ckpt, tmp_path / "dequantized"), prompt, out.token_ids)
-    assert len(out.token_ids) == 32 and bool((gap <= BF16_REL_TOL * scale).all()), gap.tolist()
+        return prompt, out.token_ids, llm.engine.stats()
 
 
 @pytest.mark.parametrize("variant", ["qwen3", "llama-llama3", "qwen3_moe-mixed"])
@@ -236,17 +241,8 @@ def test_fp8_kv_cache_serves_greedy_argmax_tokens(checkpoint, mode, tmp_path, re
     """The engine over an FP8 pool (decode graphs captured over it; in bullet mode both workers
     attach it through CUDA IPC, on green partitions): each greedy token a maximum of
     transformers' fp32 logits over E4M3-rounded K/V, up to bf16 error; every block back."""
-    if mode == "bullet":
-        request.getfixturevalue("mps_daemon")
     ckpt = checkpoint("qwen3")
-    engine = build_from_checkpoint(ckpt, tmp_path / "engine", max_model_len=256, dtype="bfloat16")
-    prompt = random_prompts(1, seed=9)[0]
-    settings = {"serve.mode": mode, "kv.num_blocks": 256, "kv.cache_dtype": "fp8"}
-    if mode == "bullet":
-        settings["serve.partitioner"] = "green"
-    with LLM(str(engine), **settings) as llm:
-        out = llm.generate_token_ids([prompt], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))[0]
-        stats = llm.engine.stats()
-    gap, scale = argmax_gaps(ckpt, prompt, out.token_ids, fp8_kv=True)
-    assert len(out.token_ids) == 32 and bool((gap <= BF16_REL_TOL * scale).all()), gap.tolist()
+    prompt, tokens, stats = served_greedy(ckpt, mode, tmp_path, request, seed=9, **{"kv.cache_dtype": "fp8"})
+    gap, scale = argmax_gaps(ckpt, prompt, tokens, fp8_kv=True)
+    assert len(tokens) == 32 and bool((gap <= BF16_REL_TOL * scale).all()), gap.tolist()
     assert stats.kv_blocks_free == stats.kv_blocks_total
