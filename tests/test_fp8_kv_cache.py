@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from bullet_trt.config import ConfigError, EngineConfig
+from bullet_trt.config import ConfigError, EngineConfig, KVCacheConfig
 from bullet_trt.engine.kv_pool import bytes_per_block, fill_random
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.kernels import reference
@@ -121,7 +121,7 @@ def test_engines_over_an_fp8_pool_generate_what_transformers_does(qwen3_engine, 
 
 def test_kv_cache_dtype_errors_name_the_field():
     with pytest.raises(ConfigError, match="kv.cache_dtype must be one of auto, fp8, got 'int8'"):
-        EngineConfig(**{"kv": type(EngineConfig().kv)(cache_dtype="int8")}).validate()
+        EngineConfig(kv=KVCacheConfig(cache_dtype="int8")).validate()
 
 
 def test_memory_plan_holds_twice_the_tokens_in_fp8():

@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     split = decode_split(total, part.splits(), args.sms)
 
     # decode slots and graphs as a GPU server sizes them (engine.yaml's suit a CPU)
-    cfg = load_engine_config(args.engine_dir, {**parse_overrides(args.set), "kv.gpu_memory_fraction": 0.5,
+    overrides = parse_overrides(args.set)
+    cfg = load_engine_config(args.engine_dir, {**overrides, "kv.gpu_memory_fraction": 0.5,
                                                "decode.max_num_seqs": MAX_DECODE_ROWS,
                                                "decode.max_num_batched_tokens": MAX_DECODE_ROWS,
                                                "decode.cuda_graph_batch_sizes": list(GRAPH_BUCKETS)})
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "ctx": args.ctx,
                     "decode_sms": split.sms_of("decode"), "steps": args.steps, "switch_every": args.switch_every,
-                    "launch_late": args.launch_late, "overrides": parse_overrides(args.set),
+                    "launch_late": args.launch_late, "overrides": overrides,
                     "kv_cache_dtype": str(state.kv_pool.dtype).removeprefix("torch.")}
 
     plain_batch = fresh_batch()

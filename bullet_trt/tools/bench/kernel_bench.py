@@ -26,6 +26,7 @@ Correctness of the same kernels is tests/gpu/test_triton_kernels.py's.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 
@@ -291,30 +292,27 @@ def sweep_decode(batch: int = 64, ctx: int = 1024, heads=L8B_HEADS, cache_dtype=
     table, key = tops.decode_config_table(torch.bfloat16, heads[2], cache_dtype)
     fn, nbytes, chosen = decode_case(batch, ctx, heads, cache_dtype)
     saved, rows = dict(table[key]), []
+    case = {"batch": batch, "ctx": ctx, "heads": list(heads), "cache": str(cache_dtype).removeprefix("torch."),
+            "fp8_cache_dot_fp16": tops.FP8_CACHE_DOT_FP16}
+
+    def timed(row: dict) -> dict:
+        ms = do_bench(fn)
+        return {**row, **case, "GBps": round(nbytes / ms / 1e6, 1), "ms": round(ms, 4)}
+
     try:
-        for block_n in block_ns:
-            for warps in (4, 8):
-                for stages in stages_list:
-                    for splits in splits_list:
-                        table[key] = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
-                        tops.DECODE_SPLITS_OVERRIDE = splits
-                        row = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "splits": splits,
-                               "batch": batch, "ctx": ctx, "heads": list(heads),
-                               "cache": str(cache_dtype).removeprefix("torch."),
-                               "fp8_cache_dot_fp16": tops.FP8_CACHE_DOT_FP16}
-                        try:
-                            ms = do_bench(fn)
-                            row.update(GBps=round(nbytes / ms / 1e6, 1), ms=round(ms, 4))
-                        except Exception as e:  # noqa: BLE001 - a config that does not compile is a result
-                            row["error"] = str(e)[:120]
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+        for block_n, warps, stages, splits in itertools.product(block_ns, (4, 8), stages_list, splits_list):
+            table[key] = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+            tops.DECODE_SPLITS_OVERRIDE = splits
+            row = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "splits": splits}
+            try:
+                row = timed(row)
+            except Exception as e:  # noqa: BLE001 - a config that does not compile is a result
+                row.update(case, error=str(e)[:120])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
         table[key] = saved
         tops.DECODE_SPLITS_OVERRIDE = None
-        ms = do_bench(fn)
-        rows.append({"shipped": saved, "splits": chosen, "batch": batch, "ctx": ctx, "heads": list(heads),
-                     "cache": str(cache_dtype).removeprefix("torch."), "GBps": round(nbytes / ms / 1e6, 1),
-                     "ms": round(ms, 4)})
+        rows.append(timed({"shipped": saved, "splits": chosen}))
         print(json.dumps(rows[-1]), flush=True)
     finally:
         table[key] = saved
