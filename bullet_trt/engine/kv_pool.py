@@ -52,7 +52,7 @@ def fill_random(pool: torch.Tensor) -> None:
     """Standard-normal K/V in every slot, for timing attention over cached tokens of data rather
     than zeros. An FP8 pool has no random kernel: one layer's half at a time is drawn in
     bfloat16 and rounded to it."""
-    if pool.element_size() > 1:
+    if pool.dtype != FP8:
         pool.normal_()
         return
     for layer in pool:

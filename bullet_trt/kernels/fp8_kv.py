@@ -10,9 +10,13 @@ import torch
 from bullet_trt.kernels.fp8_blocks import FP8, FP8_MAX
 
 
+def is_fp8(cache_dtype: torch.dtype | None) -> bool:
+    return cache_dtype == FP8
+
+
 def saturation(cache_dtype: torch.dtype) -> float:
     """The bound values written to a cache of this dtype are clamped to (0: none)."""
-    return FP8_MAX if cache_dtype == FP8 else 0.0
+    return FP8_MAX if is_fp8(cache_dtype) else 0.0
 
 
 def to_cache(x: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:

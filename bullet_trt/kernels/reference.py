@@ -53,7 +53,7 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
     num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
     flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
     k, v = fp8_kv.to_cache(k, kv_cache.dtype), fp8_kv.to_cache(v, kv_cache.dtype)
-    if kv_cache.element_size() == 1:  # the CPU's index_copy_ has no FP8 kernel: copy the bytes
+    if fp8_kv.is_fp8(kv_cache.dtype):  # the CPU's index_copy_ has no FP8 kernel: copy the bytes
         flat, k, v = flat.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
     flat[0].index_copy_(0, slot_mapping, k)
     flat[1].index_copy_(0, slot_mapping, v)

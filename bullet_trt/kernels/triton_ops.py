@@ -431,7 +431,7 @@ def _config(table: dict, dtype: torch.dtype, head_dim: int) -> dict:
 def decode_config_table(dtype: torch.dtype, head_dim: int, cache_dtype: torch.dtype | None = None) -> tuple[dict, object]:
     """(the table, its key) holding the decode kernel's tiles for queries of ``dtype`` over a
     cache of ``cache_dtype`` (None: the queries' dtype)."""
-    if cache_dtype is not None and cache_dtype.itemsize == 1:
+    if fp8_kv.is_fp8(cache_dtype):
         return DECODE_CONFIGS_FP8_CACHE, head_dim > 128
     return DECODE_CONFIGS, (dtype == torch.float32, head_dim > 128)
 
@@ -488,7 +488,7 @@ def _decode(q, kv_cache, meta, qk_scale, out, prec):
         kv_cache.stride(3), tables.stride(0), out.stride(0), out.stride(1), sm[0], sm[1], sm[2],
         qk_scale, splits, HQ=HQ, G=G, G_PAD=g_pad, D=D, BLOCK_D=block_d, BLOCK_N=block_n,
         BLOCK_SIZE=BS, DIRECT=direct, DOT_PREC=prec, UPCAST=UPCAST_DOT,
-        DOT_FP16=FP8_CACHE_DOT_FP16 and kv_cache.element_size() == 1 and q.dtype != torch.float32, **cfg)
+        DOT_FP16=FP8_CACHE_DOT_FP16 and fp8_kv.is_fp8(kv_cache.dtype) and q.dtype != torch.float32, **cfg)
     if not direct:
         _decode_reduce_kernel[(B, HQ)](
             mid_o, mid_lse, meta.cu_seqlens_q, out, sm[0], sm[1], sm[2], out.stride(0),
