@@ -1,6 +1,7 @@
 """The fused MoE's grouped GEMM compiles for Hopper (sm_90) in every form it can take, bf16 and
 FP8 weights, bf16 and FP8 activations with FP8 weights, plain and with the operands swapped,
-gate-and-up and down, and so does the activations' FP8 rounding, on any machine (as
+gate-and-up and down, and so do the activations' FP8 rounding and the sum over each token's
+experts, on any machine (as
 tests/test_sample_kernels_compile.py does for the sampling kernels; tests/hopper_compile.py says
 why in a process of its own)."""
 from __future__ import annotations
@@ -37,16 +38,24 @@ COMPILE = textwrap.dedent("""
                                 target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4})
         assert kernel.asm["cubin"]
         print(f"compiled fp8={fp8} a_fp8={a_fp8} swap={swap} gate_up={gate_up}")
-    quant = tm._quantize_token_groups_kernel
-    sig = {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", "cols": "i32", "stride_x": "i32", "stride_q": "i32",
-           "stride_s": "i32", "GROUP": "constexpr"}
-    kernel = triton.compile(ASTSource(fn=quant, signature=sig, constexprs={(7,): fp8_blocks.BLOCK}),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    def compiled(fn, sig, consts, num_warps):
+        sig = {**sig, **{name: "constexpr" for name in consts}}
+        return triton.compile(ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v
+                                                                         for k, v in consts.items()}),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+    sig = {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", "rows": "i32", "cols": "i32", "stride_x": "i32",
+           "stride_q": "i32", "stride_s": "i32"}
+    kernel = compiled(tm._quantize_token_groups_kernel, sig, dict(ROWS=tm.QUANTIZE_ROWS, GROUP=fp8_blocks.BLOCK), 4)
     assert "cvt.rn.satfinite.e4m3x2.f32" in kernel.asm["ptx"]  # round to nearest, as torch does
     print("compiled quantize")
+    sig = {"Y": "*bf16", "IDS": "*i32", "OUT": "*bf16", "T": "i32", "H": "i32", "expert_offset": "i32"}
+    assert compiled(tm._moe_sum_kernel, sig, dict(E=128, K=8, BLOCK_T=8, BLOCK_H=256), 4).asm["cubin"]
+    print("compiled sum")
 """)
 
 
 def test_the_moe_gemm_compiles_for_hopper_in_every_form():
     lines = compile_script_output(COMPILE).split("\n")[:-1]
-    assert len(lines) == 13 and "compiled fp8=1 a_fp8=1 swap=1 gate_up=1" in lines and lines[-1] == "compiled quantize"
+    assert len(lines) == 14 and "compiled fp8=1 a_fp8=1 swap=1 gate_up=1" in lines
+    assert lines[-2:] == ["compiled quantize", "compiled sum"]

@@ -216,18 +216,27 @@ def _scaled_product(a, b, s, a_s, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr, PR
     return c
 
 
-@triton.jit(do_not_specialize=["cols"])
-def _quantize_token_groups_kernel(X, Q, S, cols, stride_x, stride_q, stride_s, GROUP: tl.constexpr):
-    """One row's one group of GROUP columns to FP8, with its scale (fp8_blocks.quantize_token_groups)."""
-    row = tl.program_id(0).to(tl.int64)
+# Rows per program of the activations' rounding: one group's 128 columns of one row are 256 bytes,
+# too little for a program to cover its launch and its reduction (one program a row and group
+# moved ~0.2-0.6 TB/s at decode's rows); 16 rows a program read 4 KiB, in 16-byte loads per thread.
+QUANTIZE_ROWS = 16
+
+
+@triton.jit(do_not_specialize=["rows", "cols"])
+def _quantize_token_groups_kernel(X, Q, S, rows, cols, stride_x, stride_q, stride_s,
+                                  ROWS: tl.constexpr, GROUP: tl.constexpr):
+    """ROWS rows' one group of GROUP columns to FP8, with a scale per row (fp8_blocks.quantize_token_groups)."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     offs = tl.program_id(1) * GROUP + tl.arange(0, GROUP)
-    mask = offs < cols
-    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=0)
+    row_ok = r < rows
+    mask = row_ok[:, None] & (offs < cols)[None, :]
+    r = r.to(tl.int64)
+    x = tl.load(X + r[:, None] * stride_x + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
     scale = tl.where(amax > 0, amax / 448.0, 1.0)
-    q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
-    tl.store(Q + row * stride_q + offs, q.to(Q.dtype.element_ty), mask=mask)
-    tl.store(S + row * stride_s + tl.program_id(1), scale)
+    q = tl.minimum(tl.maximum(x / scale[:, None], -448.0), 448.0)
+    tl.store(Q + r[:, None] * stride_q + offs[None, :], q.to(Q.dtype.element_ty), mask=mask)
+    tl.store(S + r * stride_s + tl.program_id(1), scale, mask=row_ok)
 
 
 def quantize_token_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,9 +250,41 @@ def quantize_token_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(rows, cols, dtype=fp8_blocks.FP8, device=x.device)
     scale = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
     if rows:
-        _quantize_token_groups_kernel[(rows, groups)](x, q, scale, cols, x.stride(0), q.stride(0), scale.stride(0),
-                                                       GROUP=fp8_blocks.BLOCK, num_warps=1)
+        grid = (triton.cdiv(rows, QUANTIZE_ROWS), groups)
+        _quantize_token_groups_kernel[grid](x, q, scale, rows, cols, x.stride(0), q.stride(0), scale.stride(0),
+                                            ROWS=QUANTIZE_ROWS, GROUP=fp8_blocks.BLOCK, num_warps=4)
     return q, scale
+
+
+@triton.jit(do_not_specialize=["T", "expert_offset"])
+def _moe_sum_kernel(Y, IDS, OUT, T, H, expert_offset, E: tl.constexpr, K: tl.constexpr,
+                    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    """OUT[t] = the sum of Y[t * K + j] over the token's K assignments to local experts, in
+    fp32: the rows of other ranks' experts and of NO_EXPERT were never written, and are not read."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    t_ok, h_ok = t < T, h < H
+    t = t.to(tl.int64)
+    acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    for j in tl.static_range(K):
+        ex = tl.load(IDS + t * K + j, mask=t_ok, other=-1) - expert_offset
+        local = (ex >= 0) & (ex < E) & t_ok
+        y = tl.load(Y + (t * K + j)[:, None] * H + h[None, :], mask=local[:, None] & h_ok[None, :], other=0.0)
+        acc += y.to(tl.float32)
+    tl.store(OUT + t[:, None] * H + h[None, :], acc.to(OUT.dtype.element_ty), mask=t_ok[:, None] & h_ok[None, :])
+
+
+def moe_sum(y: torch.Tensor, topk_ids: torch.Tensor, num_local_experts: int, expert_offset: int) -> torch.Tensor:
+    """(T, H): each token's rows of y (T * k, H) summed over its assignments to the local
+    experts; one pass, where zeroing y first and summing all k rows took three."""
+    T, k = topk_ids.shape
+    H = y.shape[1]
+    out = torch.empty(T, H, dtype=y.dtype, device=y.device)
+    block_t, block_h = 8, 256
+    _moe_sum_kernel[(triton.cdiv(T, block_t), triton.cdiv(H, block_h))](
+        y, topk_ids.contiguous(), out, T, H, expert_offset, E=num_local_experts, K=k, BLOCK_T=block_t, BLOCK_H=block_h,
+        num_warps=4)
+    return out
 
 
 # num_valid and num_rows change with the batch: kept out of Triton's specialization so that a
@@ -392,8 +433,8 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                                                                 expert_offset)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
     act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
-    # zeros: rows of assignments to other ranks' experts are never written
-    y = torch.zeros(T * k, H, dtype=x.dtype, device=x.device)
+    # rows of assignments to other ranks' experts (and to NO_EXPERT) are never written: moe_sum skips them
+    y = torch.empty(T * k, H, dtype=x.dtype, device=x.device)
     # with FP8 activations each product's input is rounded per token and 128 columns as the step runs
     a, a_scale = quantize_token_groups(x) if fp8_activations else (x, None)
     _gemm(a, w_gate_up, act, None, gate_up_scale, sorted_ids, block_expert, num_padded, T * k, k, True,
@@ -401,7 +442,7 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     a, a_scale = quantize_token_groups(act) if fp8_activations else (act, None)
     _gemm(a, w_down, y, weights, down_scale, sorted_ids, block_expert, num_padded, T * k, 1, False,
           cfg, prec, a_scale)
-    return y.view(T, k, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return moe_sum(y, topk_ids, e_local, expert_offset)
 
 
 def compile_moe_variants(num_local_experts: int, hidden: int, inter: int, top_k: int,
