@@ -2,7 +2,7 @@
 
     bullet-trt bench mixed-step --engine-dir engines/llama-3.1-8b [--chunks 512,1024,2048]
         [--decode-rows 0,64,256,512] [--ctx 512] [--repeated-tokens] [--profile] [--host-profile]
-        [--json out.json]
+        [--set KEY=VALUE ...] [--json out.json]
 
 A mixed step is what chunked prefill runs while prompts wait: a chunk of one prompt's tokens
 and one token for each decoding sequence, in one forward. Timed on the whole GPU with CUDA
@@ -43,7 +43,7 @@ import time
 
 import torch
 
-from bullet_trt.config import load_engine_config
+from bullet_trt.config import load_engine_config, parse_overrides
 from bullet_trt.engine.kv_pool import fill_random
 from bullet_trt.engine.piecewise_graphs import PiecewiseGraphs
 from bullet_trt.engine.sampling import SamplingParams
@@ -180,12 +180,12 @@ def step_flops(cost: ModelCost, chunk: int, decode_rows: int, ctx: int) -> float
 
 
 def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int, repeated: bool = False,
-            profile_first: bool = False, profile_host: bool = False) -> dict:
+            profile_first: bool = False, profile_host: bool = False, overrides: dict | None = None) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("bullet-trt bench mixed-step needs a CUDA GPU")
     steps = [(c, d) for c in chunks for d in decode_rows if c + d > 0]
     buckets = sorted({c + d for c, d in steps})
-    cfg = load_engine_config(engine_dir, {"device": "cuda"})
+    cfg = load_engine_config(engine_dir, {**(overrides or {}), "device": "cuda"})
     state, model = build_shared_state(cfg, share=False)
     fill_random(state.kv_pool)
     vocab = state.arch.vocab_size
@@ -233,7 +233,8 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
             row["eager_repeated_ms"], row["graphed_repeated_ms"] = (round(ms, 3) for ms in same)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    result = {"gpu": torch.cuda.get_device_name(), "ctx": ctx, "gemm_TFLOPs": round(rate, 1), "steps": rows}
+    result = {"gpu": torch.cuda.get_device_name(), "ctx": ctx, "gemm_TFLOPs": round(rate, 1), "steps": rows,
+              "overrides": overrides or {}}
     if profiled:
         result["eager_profile"] = profiled
     return result
@@ -241,7 +242,7 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
 
 def markdown(result: dict) -> str:
     lines = [f"{result['gpu']}: chunked's mixed step, decode rows at {result['ctx']} cached tokens; "
-             f"bf16 GEMM rate {result['gemm_TFLOPs']} TFLOP/s in the same run",
+             f"bf16 GEMM rate {result['gemm_TFLOPs']} TFLOP/s in the same run; overrides {result.get('overrides', {})}",
              "", "| chunk | decode rows | eager ms | piecewise graphs ms | eager / graphed | graphed launch ms (host) "
              "| graphed ms on the device alone | graphed TFLOP/s | of GEMM rate |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -281,11 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="the first step's kernels, eager (torch.profiler)")
     ap.add_argument("--host-profile", action="store_true",
                     help="each step's graphed launch on an idle device: its host-side events by their own time")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="engine overrides (quantization=fp8-w8a8, kv.cache_dtype=fp8, ...)")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args(argv)
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     result = measure(args.engine_dir, ints(args.chunks), ints(args.decode_rows), args.ctx, args.repeated_tokens,
-                     args.profile, args.host_profile)
+                     args.profile, args.host_profile, parse_overrides(args.set))
     print(markdown(result))
     write_json(args.json, result)
     return 0

@@ -26,7 +26,8 @@ one (`bullet-trt bench moe-tune` measures it), so the layer table times what ser
 
 --fp8-experts: the layers' experts as FP8 blocks (kernels/fp8_blocks.py; their bytes counted at
 one a weight plus the scales) and the engine served with quantization=fp8; --fp8-activations: their
-inputs rounded to FP8 too (quantization=fp8-w8a8; the products on FP8 tensor cores).
+inputs rounded to FP8 too (quantization=fp8-w8a8; the products on FP8 tensor cores), and that
+rounding's own kernel timed at each row count of the table against the copy bandwidth.
 
     bullet-trt bench moe [--engine-dir engines/qwen3-30b-a3b] [--json out.json]
     bash scripts/gpu_run.sh bench moe     # on a GPU machine: builds the dummy engine first
@@ -145,7 +146,30 @@ def layer_table(arch, num_layers: int, batches: list[int], prefill_tokens: list[
                "of_dense_gemm": round(dense_ms * num_layers / ms, 3)}
         out["prefill"].append(row)
         print(json.dumps(row), flush=True)
+    if fp8_activations:
+        out["rounding"] = rounding_table(arch, batches + prefill_tokens, bw)
     return out
+
+
+def rounding_table(arch, token_counts: list[int], bw: float) -> list[dict]:
+    """quantization=fp8-w8a8's own kernel: the two inputs a layer rounds to FP8 (its tokens'
+    hidden states, then each assignment's silu(gate) * up), graphed as decode runs them, in
+    GB/s of the bytes moved (bf16 read, FP8 and a float32 scale per 128 written) against the
+    copy bandwidth."""
+    from bullet_trt.kernels import fp8_blocks, triton_moe
+
+    h, inter, k = arch.hidden_size, arch.moe_intermediate_size, arch.num_experts_per_tok
+    rows = []
+    for tokens in token_counts:
+        inputs = [torch.randn(tokens, h, device="cuda").to(DTYPE),
+                  torch.randn(tokens * k, inter, device="cuda").to(DTYPE)]
+        nbytes = sum(t.numel() * 3 + t.shape[0] * -(-t.shape[1] // fp8_blocks.BLOCK) * 4 for t in inputs)
+        ms = do_bench(graphed(lambda: [triton_moe.quantize_token_groups(t) for t in inputs]))
+        row = {"tokens": tokens, "us_per_layer": round(ms * 1e3, 2), "GBps": round(nbytes / ms / 1e6, 1),
+               "of_copy_bw": round(nbytes / ms / 1e6 / bw, 3)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -237,6 +261,10 @@ def markdown(result: dict, arch_name: str, layers: int, quantization: str = "non
                   "|---|---|---|---|---|---|"]
         lines += [f"| {r['tokens']} | {r['ms_per_layer']} | {r['TFLOPs']} | {r['of_gemm_rate']:.0%} | "
                   f"{r['dense_gemm_TFLOPs']} | {r['of_dense_gemm']:.0%} |" for r in result["layers"]["prefill"]]
+        if "rounding" in result["layers"]:
+            lines += ["", "| tokens | FP8 rounding of a layer's inputs, us | GB/s | of copy BW |", "|---|---|---|---|"]
+            lines += [f"| {r['tokens']} | {r['us_per_layer']} | {r['GBps']} | {r['of_copy_bw']:.0%} |"
+                      for r in result["layers"]["rounding"]]
     if "engine" in result:
         r = result["engine"]
         lines += ["", "| engine | value |", "|---|---|"]
