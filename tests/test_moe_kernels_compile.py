@@ -1,7 +1,7 @@
 """The fused MoE's grouped GEMM compiles for Hopper (sm_90) in every form it can take, bf16 and
 FP8 weights, bf16 and FP8 activations with FP8 weights, plain and with the operands swapped,
 gate-and-up and down, and so do the activations' FP8 rounding and the sum over each token's
-experts, on any machine (as
+experts, with 16-byte loads where a launch specializes their widths, on any machine (as
 tests/test_sample_kernels_compile.py does for the sampling kernels; tests/hopper_compile.py says
 why in a process of its own)."""
 from __future__ import annotations
@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 
 COMPILE = textwrap.dedent("""
     import itertools
+    import re
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -39,18 +40,29 @@ COMPILE = textwrap.dedent("""
         assert kernel.asm["cubin"]
         print(f"compiled fp8={fp8} a_fp8={a_fp8} swap={swap} gate_up={gate_up}")
     def compiled(fn, sig, consts, num_warps):
+        # what a launch specializes: pointers and the integers Triton may (not do_not_specialize)
+        # marked as dividing by 16, as the model's widths and strides do
+        index = {name: (fn.arg_names.index(name),) for name in fn.arg_names}
+        attrs = {index[name]: [["tt.divisibility", 16]] for name, kind in sig.items()
+                 if kind.startswith("*") or (kind == "i32" and name not in fn.do_not_specialize)}
         sig = {**sig, **{name: "constexpr" for name in consts}}
-        return triton.compile(ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v
-                                                                         for k, v in consts.items()}),
+        return triton.compile(ASTSource(fn=fn, signature=sig, constexprs={index[k]: v for k, v in consts.items()},
+                                        attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+    def vector_loads_only(ptx):  # 16 bytes a thread per load: the memory-bound kernels' pace
+        return "ld.global.v4.b32" in ptx and not re.search(r"ld[.]global([.][a-z0-9]+)*[.]b(8|16) ", ptx)
 
     sig = {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", "rows": "i32", "cols": "i32", "stride_x": "i32",
            "stride_q": "i32", "stride_s": "i32"}
-    kernel = compiled(tm._quantize_token_groups_kernel, sig, dict(ROWS=tm.QUANTIZE_ROWS, GROUP=fp8_blocks.BLOCK), 4)
-    assert "cvt.rn.satfinite.e4m3x2.f32" in kernel.asm["ptx"]  # round to nearest, as torch does
+    ptx = compiled(tm._quantize_token_groups_kernel, sig, dict(ROWS=tm.QUANTIZE_ROWS, GROUP=fp8_blocks.BLOCK),
+                   4).asm["ptx"]
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx  # round to nearest, as torch does
+    assert vector_loads_only(ptx) and "st.global.v4.b32" in ptx
     print("compiled quantize")
     sig = {"Y": "*bf16", "IDS": "*i32", "OUT": "*bf16", "T": "i32", "H": "i32", "expert_offset": "i32"}
-    assert compiled(tm._moe_sum_kernel, sig, dict(E=128, K=8, BLOCK_T=8, BLOCK_H=256), 4).asm["cubin"]
+    ptx = compiled(tm._moe_sum_kernel, sig, dict(E=128, K=8, BLOCK_T=8, BLOCK_H=256), 4).asm["ptx"]
+    assert "ld.global.v4.b32" in ptx
     print("compiled sum")
 """)
 
