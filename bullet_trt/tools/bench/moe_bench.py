@@ -9,10 +9,12 @@ and router, so that a step streams its experts from memory rather than from L2.
   must read, which are the experts its rows were routed to, counted per layer (unique experts
   hit) in an eager run of the same inputs, and the routers, against the device-to-device copy
   bandwidth.
-- prefill: the same layers for --prefill-tokens tokens, eager. Reported as TFLOP/s of the
-  routed expert GEMMs (2 * T * k * 3 * hidden * inter per layer) against the bf16 GEMM rate
-  (8192^3) and against torch's two dense GEMMs over all T * k rows at once (what a grouped
-  GEMM could at best reach on these shapes).
+- prefill: the same layers for --prefill-tokens-list tokens, eager, and captured in a CUDA graph
+  (a slow host sets the eager time: 0.94-0.98 ms a layer at 1024-4096 tokens alike on one whose
+  Python ran at half the usual pace). Reported as TFLOP/s of the routed expert GEMMs
+  (2 * T * k * 3 * hidden * inter per layer) against the bf16 GEMM rate (8192^3) and against
+  torch's two dense GEMMs over all T * k rows at once (what a grouped GEMM could at best reach
+  on these shapes).
 
 Engine (with --engine-dir, e.g. `build_engines.py --dummy-weights --arch qwen3-30b-a3b`): the
 engine's decode step (random tokens, --batch rows at --ctx, through its CUDA graphs) against
@@ -135,13 +137,15 @@ def layer_table(arch, num_layers: int, batches: list[int], prefill_tokens: list[
         x = torch.randn(tokens, h, device="cuda").to(DTYPE)
         flops = num_layers * 2.0 * tokens * k * 3 * h * inter
         ms = do_bench(lambda: run_layers(ops, layers, x, k, arch.norm_topk_prob))
+        graphed_ms = do_bench(graphed(lambda: run_layers(ops, layers, x, k, arch.norm_topk_prob)))
         rows = torch.randn(tokens * k, h, device="cuda").to(DTYPE)
         acts = torch.randn(tokens * k, inter, device="cuda").to(DTYPE)
         w1, w2 = (w[0].to(DTYPE).t() for w in layers[0][:2])  # (h, 2 * inter), (inter, h), as bf16
         dense_ms = do_bench(lambda: (rows @ w1, acts @ w2))
         ours = flops / ms / 1e9
         row = {"tokens": tokens, "ms_per_layer": round(ms / num_layers, 4), "TFLOPs": round(ours, 1),
-               "of_gemm_rate": round(ours / rate, 3),
+               "of_gemm_rate": round(ours / rate, 3), "graphed_ms_per_layer": round(graphed_ms / num_layers, 4),
+               "graphed_TFLOPs": round(flops / graphed_ms / 1e9, 1),
                "dense_gemm_TFLOPs": round(flops / num_layers / dense_ms / 1e9, 1),
                "of_dense_gemm": round(dense_ms * num_layers / ms, 3)}
         out["prefill"].append(row)
@@ -257,10 +261,11 @@ def markdown(result: dict, arch_name: str, layers: int, quantization: str = "non
                   "|---|---|---|---|---|"]
         lines += [f"| {r['batch']} | {r['experts_hit_per_layer']} | {r['ms_per_layer']} | {r['GBps']} | "
                   f"{r['of_copy_bw']:.0%} |" for r in result["layers"]["decode"]]
-        lines += ["", "| prefill tokens | ms / layer | TFLOP/s | of GEMM rate | dense GEMMs, same rows | of them |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| prefill tokens | ms / layer | TFLOP/s | of GEMM rate | dense GEMMs, same rows | of them "
+                  "| graphed ms / layer | graphed TFLOP/s |", "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['tokens']} | {r['ms_per_layer']} | {r['TFLOPs']} | {r['of_gemm_rate']:.0%} | "
-                  f"{r['dense_gemm_TFLOPs']} | {r['of_dense_gemm']:.0%} |" for r in result["layers"]["prefill"]]
+                  f"{r['dense_gemm_TFLOPs']} | {r['of_dense_gemm']:.0%} | {r.get('graphed_ms_per_layer', '-')} | "
+                  f"{r.get('graphed_TFLOPs', '-')} |" for r in result["layers"]["prefill"]]
         if "rounding" in result["layers"]:
             lines += ["", "| tokens | FP8 rounding of a layer's inputs, us | GB/s | of copy BW |", "|---|---|---|---|"]
             lines += [f"| {r['tokens']} | {r['us_per_layer']} | {r['GBps']} | {r['of_copy_bw']:.0%} |"
