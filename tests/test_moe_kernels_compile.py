@@ -1,7 +1,7 @@
 """The fused MoE's grouped GEMM compiles for Hopper (sm_90) in every form it can take, bf16 and
 FP8 weights, bf16 and FP8 activations with FP8 weights, plain and with the operands swapped,
-gate-and-up and down, and so do the activations' FP8 rounding and the sum over each token's
-experts, with 16-byte loads where a launch specializes their widths, on any machine (as
+gate-and-up and down, and so do the activations' FP8 rounding, the sum over each token's experts
+and the router's top k, with 16-byte loads where a launch specializes their widths, on any machine (as
 tests/test_sample_kernels_compile.py does for the sampling kernels; tests/hopper_compile.py says
 why in a process of its own)."""
 from __future__ import annotations
@@ -64,10 +64,15 @@ COMPILE = textwrap.dedent("""
     ptx = compiled(tm._moe_sum_kernel, sig, dict(E=128, K=8, BLOCK_T=8, BLOCK_H=256), 4).asm["ptx"]
     assert "ld.global.v4.b32" in ptx
     print("compiled sum")
+    from bullet_trt.kernels import triton_route
+    sig = {"LOGITS": "*bf16", "W": "*bf16", "IDS": "*i32", "T": "i32", "stride_l": "i32"}
+    consts = dict(E=128, E_PAD=128, K=8, K_PAD=8, ROWS=triton_route.ROUTE_ROWS, RENORMALIZE=True)
+    assert "ld.global.v4.b32" in compiled(triton_route._moe_route_kernel, sig, consts, 4).asm["ptx"]
+    print("compiled route")
 """)
 
 
 def test_the_moe_gemm_compiles_for_hopper_in_every_form():
     lines = compile_script_output(COMPILE).split("\n")[:-1]
-    assert len(lines) == 14 and "compiled fp8=1 a_fp8=1 swap=1 gate_up=1" in lines
-    assert lines[-2:] == ["compiled quantize", "compiled sum"]
+    assert len(lines) == 15 and "compiled fp8=1 a_fp8=1 swap=1 gate_up=1" in lines
+    assert lines[-3:] == ["compiled quantize", "compiled sum", "compiled route"]

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from bullet_trt.kernels import fp8_blocks, moe_tiles
-from bullet_trt.kernels.reference import moe_route
+from bullet_trt.kernels.triton_route import moe_route
 from bullet_trt.kernels.sm_budget import get_num_sms, whole_device_sms
 from bullet_trt.kernels.triton_dot import UPCAST_DOT, mm
 
