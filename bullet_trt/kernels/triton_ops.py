@@ -122,13 +122,17 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(X, R, W, Y, S, n_rows, n_cols, stride_x, stride_r, stride_y, stride_s, eps,
+                     heads, stride_xh,
                      HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows of X are (token, head) pairs when ``heads`` > 1: row r at (r // heads) * stride_x +
+    (r % heads) * stride_xh, so the heads of a fused q/k/v projection are normed where they lie."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < n_cols
     mask = (rows < n_rows)[:, None] & cmask[None, :]
     rows = rows.to(tl.int64)
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    x_rows = (rows // heads) * stride_x + (rows % heads) * stride_xh
+    x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0)
     if HAS_RES:
         r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
         # Rounded to the stream's dtype before the norm, as the reference's ``x + residual``.
@@ -149,8 +153,12 @@ def _launch_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
     n_cols = shape[-1]
     if weight.shape[-1] != n_cols or weight.dim() != 1:
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} does not match hidden size {n_cols}")
-    x2 = _rows(x)
-    n_rows = x2.shape[0]
+    # (tokens, heads, dim) with unit dim stride: normed in place of a copy (q and k are views
+    # into the fused q/k/v projection's rows, which reshape would copy, two launches a layer)
+    headwise = residual is None and x.dim() == 3 and x.stride(-1) == 1
+    x2 = x if headwise else _rows(x)
+    heads, stride_xh = (x.shape[1], x.stride(1)) if headwise else (1, 0)
+    n_rows = x2.shape[0] * heads
     stream_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
     out_dtype = torch.promote_types(stream_dtype, weight.dtype)
     y = _empty((n_rows, n_cols), out_dtype, x.device)
@@ -168,8 +176,9 @@ def _launch_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
         num_warps = max(1, min(16, block_m * block_n // 512))
         grid = (triton.cdiv(n_rows, block_m),)
         _rms_norm_kernel[grid](x2, r2, weight, y, s, n_rows, n_cols, x2.stride(0), r2.stride(0),
-                               y.stride(0), s.stride(0), float(eps), HAS_RES=residual is not None,
-                               BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+                               y.stride(0), s.stride(0), float(eps), heads, stride_xh,
+                               HAS_RES=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+                               num_warps=num_warps)
     y = y.view(shape)
     return y if residual is None else (y, s.view(shape))
 

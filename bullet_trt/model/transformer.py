@@ -107,9 +107,9 @@ class Attention(nn.Module):
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
-            # Flattened to 2-D rows so GPU kernels see the same layout as the hidden-size norms.
-            q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm.weight, self.q_norm.eps).view_as(q)
-            k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm.weight, self.k_norm.eps).view_as(k)
+            # each head's row where it lies in qkv (the GPU kernel reads the view; a reshape copied it)
+            q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
         q, k = ops.apply_rope(q, k, positions, cos_sin)
         return q, k, v
 

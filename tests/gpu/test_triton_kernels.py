@@ -66,6 +66,22 @@ def test_rms_norm(dtype, rows, cols):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_of_heads_where_they_lie_in_a_fused_projection(dtype):
+    """Qwen3's per-head q and k norms over views into one q/k/v row (strides of the fused
+    projection, not of the heads), as the model passes them: the same as over a copy."""
+    tokens, heads, kv_heads, dim = 7, 4, 2, 32
+    qkv = randn(tokens, (heads + 2 * kv_heads) * dim, dtype=dtype, scale=3.0)
+    q, k, _ = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    w = randn(dim, dtype=dtype)
+    for part, n in ((q, heads), (k, kv_heads)):
+        view = part.view(tokens, n, dim)
+        assert not view.is_contiguous()
+        got = tops.rms_norm(view, w, 1e-6)
+        assert got.shape == (tokens, n, dim)
+        check(got, ref.rms_norm(view.float(), w.float(), 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,cols", NORM_SHAPES)
 def test_add_rms_norm_returns_new_tensors(dtype, rows, cols):
     x, r, w = randn(rows, cols, dtype=dtype), randn(rows, cols, dtype=dtype, scale=4.0), randn(cols, dtype=dtype)
