@@ -40,14 +40,21 @@ def kind_of(name: str) -> str:
     return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
 
 
-def kernel_breakdown(fn, steps: int = 3) -> tuple[list[dict], float]:
+def kernel_breakdown(fn, steps: int = 3) -> tuple[list[dict], float, list[dict]]:
+    """(kernels by their GPU time a step, that time's sum, the torch ops that launched the
+    most of it with their input shapes: which copy or cast a nameless elementwise kernel is)."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
+    ops = sorted((e for e in prof.key_averages(group_by_input_shape=True) if e.self_device_time_total > 0),
+                 key=lambda e: -e.self_device_time_total)
+    op_rows = [{"op": e.key, "input_shapes": str(e.input_shapes)[:160],
+                "ms_per_step": round(e.self_device_time_total / 1000 / steps, 4),
+                "calls_per_step": round(e.count / steps, 1)} for e in ops[:25]]
     per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for ev in prof.events():
         if ev.device_type.name == "CUDA":
@@ -57,7 +64,7 @@ def kernel_breakdown(fn, steps: int = 3) -> tuple[list[dict], float]:
     rows = sorted(({"kernel": k[:90], "kind": kind_of(k), "ms_per_step": round(ms, 4),
                     "launches_per_step": round(n, 1)} for k, (ms, n) in per_kernel.items()),
                   key=lambda r: -r["ms_per_step"])
-    return rows, total
+    return rows, total, op_rows
 
 
 def gemm_rates(hidden: int, inter: int, q_size: int, kv_size: int, vocab: int, batch: int,
@@ -128,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     saved, session.graphs = session.graphs, None  # eager: the profiler sees every kernel
     with torch.cuda.stream(stream):
-        rows, gpu_ms = kernel_breakdown(lambda: session.run(items))
+        rows, gpu_ms, op_rows = kernel_breakdown(lambda: session.run(items))
     session.graphs = saved
     by_kind: dict[str, float] = defaultdict(float)
     for r in rows:
@@ -136,11 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     report["eager_gpu_ms"] = round(gpu_ms, 3)
     report["by_kind"] = {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}
     report["kernels"] = rows[:30]
+    report["ops"] = op_rows
     print(f"eager step: {gpu_ms:.3f} ms of GPU kernels; by kind:", flush=True)
     for kind, ms in report["by_kind"].items():
         print(f"  {kind:16s} {ms:8.3f} ms  {ms / gpu_ms:6.1%}")
     for r in rows[:20]:
         print(f"  {r['ms_per_step']:8.4f} ms x{r['launches_per_step']:<5} {r['kind']:10s} {r['kernel']}")
+    print("torch ops by the GPU time of the kernels they launched:", flush=True)
+    for r in op_rows[:15]:
+        print(f"  {r['ms_per_step']:8.4f} ms x{r['calls_per_step']:<5} {r['op']} {r['input_shapes']}")
 
     q_size, kv_size = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
     with torch.cuda.stream(stream):
