@@ -257,6 +257,10 @@ def quantize_token_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+# A program of the sum: 8 tokens' 256 columns, each of their k rows a 4 KiB load
+SUM_TOKENS, SUM_COLUMNS = 8, 256
+
+
 @triton.jit(do_not_specialize=["T", "expert_offset"])
 def _moe_sum_kernel(Y, IDS, OUT, T, H, expert_offset, E: tl.constexpr, K: tl.constexpr,
                     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
@@ -280,11 +284,11 @@ def moe_sum(y: torch.Tensor, topk_ids: torch.Tensor, num_local_experts: int, exp
     experts; one pass, where zeroing y first and summing all k rows took three."""
     T, k = topk_ids.shape
     H = y.shape[1]
+    ids = topk_ids if topk_ids.dtype == torch.int32 and topk_ids.is_contiguous() else topk_ids.to(torch.int32).contiguous()
     out = torch.empty(T, H, dtype=y.dtype, device=y.device)
-    block_t, block_h = 8, 256
-    _moe_sum_kernel[(triton.cdiv(T, block_t), triton.cdiv(H, block_h))](
-        y, topk_ids.contiguous(), out, T, H, expert_offset, E=num_local_experts, K=k, BLOCK_T=block_t, BLOCK_H=block_h,
-        num_warps=4)
+    grid = (triton.cdiv(T, SUM_TOKENS), triton.cdiv(H, SUM_COLUMNS))
+    _moe_sum_kernel[grid](y, ids, out, T, H, expert_offset, E=num_local_experts, K=k, BLOCK_T=SUM_TOKENS,
+                          BLOCK_H=SUM_COLUMNS, num_warps=4)
     return out
 
 
