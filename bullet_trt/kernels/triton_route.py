@@ -2,9 +2,9 @@
 renormalisation in one kernel, with the signature and the arithmetic of ``reference.moe_route``
 (fp32 softmax, the k largest probabilities in descending order, divided by their sum when
 ``renormalize``). torch's route took seven kernels a layer (softmax, top-k's gather and sort, the
-sum, the division and two casts), 1.2 ms of Qwen3-30B-A3B's 25.8 ms decode step at 640 rows on
-an H200 (2026-11-28, twenty-ninth round); the step's graph keeps their launches, but each is
-a few microseconds of a nearly idle GPU.
+sum, the division and two casts), 1.23 ms of Qwen3-30B-A3B's 25.8 ms decode step at 640 rows on
+an H200, each a few microseconds of a nearly idle GPU; this one takes 0.17 ms there (2026-11-28,
+twenty-ninth round).
 
 Ties between probabilities go to the lower expert id, as the k-th pick takes the first of the
 largest; torch's top-k leaves their order unspecified. Random and trained routers alike give
