@@ -152,6 +152,13 @@ def _moe_scatter_kernel(IDS, SORTED, CURSOR, n, expert_offset, E: tl.constexpr, 
     tl.store(SORTED + dest, offs, mask=local)
 
 
+def _int32_ids(topk_ids: torch.Tensor) -> torch.Tensor:
+    """The assignments as the kernels index them: contiguous int32 (a view when they are)."""
+    if topk_ids.dtype == torch.int32 and topk_ids.is_contiguous():
+        return topk_ids
+    return topk_ids.to(torch.int32).contiguous()
+
+
 def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_local_experts: int,
                          expert_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sorted assignment ids int32 (L,), expert of each BLOCK_M block int32 (L / block_m,),
@@ -164,9 +171,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_local_experts
     and label the blocks, scatter), sized from host ints alone: torch ops for the same work
     were some thirty launches, which bound eager (prefill) steps by the host's launch rate."""
     device = topk_ids.device
-    ids = topk_ids.reshape(-1)
-    if ids.dtype != torch.int32 or not ids.is_contiguous():
-        ids = ids.to(torch.int32).contiguous()
+    ids = _int32_ids(topk_ids).reshape(-1)
     n, e_local = ids.numel(), num_local_experts
     length = triton.cdiv(n + e_local * (block_m - 1), block_m) * block_m
     chunk = max(ALIGN_CHUNK, block_m)
@@ -284,10 +289,9 @@ def moe_sum(y: torch.Tensor, topk_ids: torch.Tensor, num_local_experts: int, exp
     experts; one pass, where zeroing y first and summing all k rows took three."""
     T, k = topk_ids.shape
     H = y.shape[1]
-    ids = topk_ids if topk_ids.dtype == torch.int32 and topk_ids.is_contiguous() else topk_ids.to(torch.int32).contiguous()
     out = torch.empty(T, H, dtype=y.dtype, device=y.device)
     grid = (triton.cdiv(T, SUM_TOKENS), triton.cdiv(H, SUM_COLUMNS))
-    _moe_sum_kernel[grid](y, ids, out, T, H, expert_offset, E=num_local_experts, K=k, BLOCK_T=SUM_TOKENS,
+    _moe_sum_kernel[grid](y, _int32_ids(topk_ids), out, T, H, expert_offset, E=num_local_experts, K=k, BLOCK_T=SUM_TOKENS,
                           BLOCK_H=SUM_COLUMNS, num_warps=4)
     return out
 
@@ -427,6 +431,7 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         return torch.zeros_like(x)
     x, w_gate_up, w_down = _contiguous(x), _contiguous(w_gate_up), _contiguous(w_down)
     weights = _contiguous(topk_weights).reshape(-1)
+    topk_ids = _int32_ids(topk_ids)  # once, for the alignment and the sum
     if (gate_up_scale is None) != (down_scale is None):
         raise ValueError("fused_moe: FP8 experts need both gate_up_scale and down_scale")
     if fp8_activations and gate_up_scale is None:
