@@ -20,10 +20,19 @@ from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS
 from bullet_trt.kernels import moe_tiles
 from bullet_trt.spatial.calibration_store import calibration_file, find_calibration, load_perf_model, moe_tiles_of
 from bullet_trt.spatial.perf_model import ModelCost, PerfModel
+from bullet_trt.spatial.step_code import code_digest, step_code
 
 H200_CALIBRATION = Path(__file__).resolve().parents[1] / "docs/data/perf_model_h200_llama-3.1-8b.yaml"
 H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
 COST = ModelCost.from_arch(ModelArch.from_hf_dict(PRESETS["llama-3.1-8b"]), 2)
+
+
+def copy_as_if_timed_now(stored: Path, target: Path) -> None:
+    """A stored calibration as if measured on this tree's step code, so that a test of another
+    staleness sees only its own."""
+    data = yaml.safe_load(stored.read_text())
+    data["calibration"]["step_code"] = step_code()
+    target.write_text(yaml.safe_dump(data))
 
 
 def test_each_gpu_gets_its_own_file_name():
@@ -113,7 +122,7 @@ def test_the_calibration_process_says_it_needs_a_gpu(tmp_path):
 
 def test_a_calibration_names_how_its_prefill_ran_when_the_prefill_worker_runs_otherwise(tmp_path):
     eager = calibration_file(tmp_path, H200)
-    shutil.copy(H200_CALIBRATION, eager)  # measured before calibrations recorded it: eager
+    copy_as_if_timed_now(H200_CALIBRATION, eager)  # measured before calibrations recorded it: eager
     _, same = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[])
     _, graphed = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[128, 256, 2048])
     assert same == f"calibrated on {H200} ({eager.name})"
@@ -149,6 +158,7 @@ def test_an_moe_calibration_timed_on_other_tiles_is_stale_until_measured_again(t
     stored = calibration_file(tmp_path, H200)
     data = yaml.safe_load(H200_MOE_CALIBRATION.read_text())
     del data["calibration"]["moe_tiles"]  # as calibrations measured before the tuned tables read
+    data["calibration"]["step_code"] = step_code()
     stored.write_text(yaml.safe_dump(data))
     now = moe_tiles_of(MOE_ARCH, H200)
     found = find_calibration(tmp_path, H200, 132, now)
@@ -180,7 +190,7 @@ def test_quantized_experts_keep_their_own_calibration_beside_the_bf16_one(tmp_pa
     shutil.copy(H200_MOE_CALIBRATION, bf16)
     tiles = moe_tiles_of(MOE_ARCH, H200, "fp8-w8a8")
     assert find_calibration(tmp_path, H200, 132, tiles, "fp8-w8a8").path is None  # the bf16 one is not its
-    shutil.copy(H200_MOE_CALIBRATION.with_name("perf_model_h200_qwen3-30b-a3b.fp8-w8a8.yaml"), w8a8)
+    copy_as_if_timed_now(H200_MOE_CALIBRATION.with_name("perf_model_h200_qwen3-30b-a3b.fp8-w8a8.yaml"), w8a8)
     found = find_calibration(tmp_path, H200, 132, tiles, "fp8-w8a8")
     assert found.path == w8a8 and found.stale == ""
     assert find_calibration(tmp_path, H200, 132, moe_tiles_of(MOE_ARCH, H200)).path == bf16
@@ -194,3 +204,45 @@ def test_the_stored_moe_calibrations_timed_the_shipped_tables_of_their_experts()
                                      "perf_model_h200_qwen3-30b-a3b.fp8-w8a8.yaml"))]:
         recorded = yaml.safe_load(stored.read_text())["calibration"]["moe_tiles"]
         assert recorded == moe_tiles_of(MOE_ARCH, H200, quantization), stored.name
+
+
+def test_a_calibration_timed_on_other_step_code_is_stale_and_one_written_by_hand_is_not(tmp_path):
+    """New kernels under the same tiles made Qwen3-30B-A3B's w8a8 decode step 1.14x faster and
+    the stored calibration, still served, held bullet back (spatial/step_code.py)."""
+    stored = calibration_file(tmp_path, H200)
+    shutil.copy(H200_CALIBRATION, stored)  # measured before calibrations recorded their code
+    found = find_calibration(tmp_path, H200, 132)
+    assert "before calibrations recorded its code" in found.stale and step_code() in found.stale
+    _, note = load_perf_model(tmp_path, COST, H200, 132)
+    assert "stale" in note and "serve.calibrate=auto" in note
+    data = yaml.safe_load(stored.read_text())
+    data["calibration"]["step_code"] = "0123456789ab"
+    stored.write_text(yaml.safe_dump(data))
+    assert "timed step code 0123456789ab" in find_calibration(tmp_path, H200, 132).stale
+    data["calibration"]["step_code"] = step_code()
+    stored.write_text(yaml.safe_dump(data))
+    assert find_calibration(tmp_path, H200, 132).stale == ""
+    # an MoE server's stale note names both, the code and the tiles
+    data["calibration"]["step_code"] = "0123456789ab"
+    stored.write_text(yaml.safe_dump(data))
+    both = find_calibration(tmp_path, H200, 132, moe_tiles_of(MOE_ARCH, H200)).stale
+    assert "0123456789ab" in both and "tiles untuned" in both
+    stored.unlink()
+    hand = yaml.safe_load(H200_CALIBRATION.read_text())
+    del hand["calibration"]
+    (tmp_path / "perf_model.yaml").write_text(yaml.safe_dump(hand))
+    assert find_calibration(tmp_path, H200, 132).stale == ""
+
+
+def test_the_step_code_digest_follows_code_and_not_comments_or_docstrings(tmp_path):
+    kernel = tmp_path / "kernel.py"
+
+    def digest(text: str) -> str:
+        kernel.write_text(text)
+        return code_digest([kernel], tmp_path)
+
+    plain = digest('def step(x):\n    return x * 2\n')
+    assert plain == digest('"""A module."""\n# why\ndef step(x):\n    """Doubles."""\n    return x * 2  # twice\n')
+    assert plain != digest('def step(x):\n    return x * 3\n')
+    assert plain != digest('def step(x):\n    return 2 * x\n')
+    assert len(step_code()) == 12 and step_code() == step_code()

@@ -25,6 +25,7 @@ from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.session import BatchItem, TorchSession
 from bullet_trt.engine.shared_state import build_shared_state
 from bullet_trt.spatial.calibration_store import calibration_file, moe_tiles_of, profile_file
+from bullet_trt.spatial.step_code import step_code
 from bullet_trt.spatial.perf_model import ModelCost, PrefillShape, ProfilePoint, fit, median_abs_pct_error
 from bullet_trt.spatial.session_worker import worker_profiles
 
@@ -154,6 +155,7 @@ def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (3
     report = {"gpu": gpu, "total_sms": total, "points": len(points),
               "prefill_graph_tokens": list(session.piecewise.buckets) if session.piecewise else [],
               **({"moe_tiles": tiles} if (tiles := moe_tiles_of(state.arch, gpu, quantization, state.dtype)) else {}),
+              "step_code": step_code(),
               "train_median_abs_pct_error": round(median_abs_pct_error(model_fit, train), 2),
               "held_out_median_abs_pct_error": round(median_abs_pct_error(model_fit, held_out), 2)}
     model_fit.save(calibration_file(engine_dir, gpu, quantization), extra={"calibration": report})

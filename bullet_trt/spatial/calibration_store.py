@@ -10,8 +10,10 @@ it is when it names no GPU (written by hand), and only on its own GPU when it na
 A calibration also holds only for the kernels it timed: a mixture-of-experts model's steps
 take their expert tiles from a tuned table per GPU (kernels/moe_tiles.py), and a new table
 made the H200's MoE decode steps up to 1.25x faster per layer (docs/moe.md). A calibration
-records the tiles it ran under; under others it is stale: ``serve.calibrate=auto`` measures
-again at start, and where nothing measures, it is still used, and the server says so.
+records the tiles it ran under, and the digest of the step's code it timed (spatial/step_code.py:
+new kernels made that step 1.14x faster under the same tiles); under other tiles or other code it
+is stale: ``serve.calibrate=auto`` measures again at start, and where nothing measures, it is
+still used, and the server says so.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import yaml
 from bullet_trt.kernels import moe_tiles
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.spatial.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel
+from bullet_trt.spatial.step_code import step_code
 
 
 def gpu_slug(gpu_name: str) -> str:
@@ -74,15 +77,19 @@ def _read(path: Path) -> dict:
 
 
 def _stale(path: Path, data: dict, moe_tiles: str | None) -> str:
-    """Why the calibration at ``path`` (its contents ``data``) was timed on other MoE tiles than
-    ``moe_tiles``, or ""."""
-    if moe_tiles is None:
-        return ""
+    """Why the calibration at ``path`` (its contents ``data``) timed other code than this
+    server's step (``step_code``) or other MoE tiles than ``moe_tiles``, or ""."""
+    report = data.get("calibration") or {}  # none: written by hand, not timed
+    why = []
+    timed_code = report.get("step_code")
+    if report and timed_code != step_code():
+        timed = f"step code {timed_code}" if timed_code else "a step from before calibrations recorded its code"
+        why.append(f"{path.name} timed {timed}, this server runs step code {step_code()}")
     # calibrations from before the tuned tables ran the untuned ones
-    measured = (data.get("calibration") or {}).get("moe_tiles", "untuned")
-    if measured == moe_tiles:
-        return ""
-    return f"{path.name} timed the MoE kernels' tiles {measured}, this server runs {moe_tiles}"
+    measured = report.get("moe_tiles", "untuned")
+    if moe_tiles is not None and measured != moe_tiles:
+        why.append(f"{path.name} timed the MoE kernels' tiles {measured}, this server runs {moe_tiles}")
+    return "; ".join(why)
 
 
 def find_calibration(engine_dir: str | Path, gpu_name: str, total_sms: int,

@@ -160,7 +160,8 @@ ensure_calibrated(load_engine_config(sys.argv[1], {"device": "cuda"}))' "$ENGINE
       --out "$moe_engine" --max-model-len 4096 >/dev/null || exit 1
     # the stored H200 calibration (random prompts, prefill pieces as sizing names them): a
     # server that finds it skips two minutes of measuring, unless it timed other MoE tiles than
-    # the GPU's table gives (stale: the server measures again); FRESH_CALIBRATION=1 measures anew
+    # the GPU's table gives or other step code (stale: the server measures again, ~40 s for the
+    # MoE); FRESH_CALIBRATION=1 measures anew
     [ -n "${FRESH_CALIBRATION:-}" ] || bash scripts/stored_calibrations.sh "$moe_engine" qwen3-30b-a3b
     COMMON=${COMMON/--engine-dir $ENGINE/--engine-dir $moe_engine}
     repeated "moe-${MODE:?}"
