@@ -20,7 +20,7 @@ from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS
 from bullet_trt.kernels import moe_tiles
 from bullet_trt.spatial.calibration_store import calibration_file, find_calibration, load_perf_model, moe_tiles_of
 from bullet_trt.spatial.perf_model import ModelCost, PerfModel
-from bullet_trt.spatial.step_code import code_digest, step_code
+from bullet_trt.spatial.step_code import code_digest, code_text, step_code
 
 H200_CALIBRATION = Path(__file__).resolve().parents[1] / "docs/data/perf_model_h200_llama-3.1-8b.yaml"
 H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
@@ -246,3 +246,14 @@ def test_the_step_code_digest_follows_code_and_not_comments_or_docstrings(tmp_pa
     assert plain != digest('def step(x):\n    return x * 3\n')
     assert plain != digest('def step(x):\n    return 2 * x\n')
     assert len(step_code()) == 12 and step_code() == step_code()
+
+
+def test_the_step_code_is_the_text_without_comments_docstrings_and_blank_lines(tmp_path):
+    """The text, not the parse: ast.dump's output changed with Python 3.12 and 3.13, and a digest
+    taken under 3.11 differed from a GPU machine's 3.12 over the same files."""
+    source = ('"""Module doc."""\n# a comment\nimport os  # why\n\n\nclass K:\n    """One line."""\n'
+              '    def f(self, x):\n        """Doc\n        more."""\n        return f"{x}#"  # twice\n')
+    assert code_text(source) == 'import os\nclass K:\n    def f(self, x):\n        return f"{x}#"'
+    (tmp_path / "kernel.py").write_text(source)
+    # pinned: the same under every Python version (checked under 3.10-3.13 when it was written)
+    assert code_digest([tmp_path / "kernel.py"], tmp_path) == "5b4bbebea4cd"

@@ -12,29 +12,50 @@ start (serve.calibrate=auto).
 
 The digest covers the GPU kernels (bullet_trt/kernels), the forward pass that calls them
 (model/transformer.py) and how steps replay (engine/cuda_graphs.py, engine/piecewise_graphs.py),
-each file as Python parses it without its docstrings, so that an edit to a comment or a
-docstring leaves calibrations standing and an edit to code does not. The MoE tile tables are
-data, fingerprinted on their own (calibration_store.moe_tiles_of).
+each file's text without its comments, docstrings, blank lines and trailing spaces, so that
+an edit to a comment or a docstring leaves calibrations standing and an edit to code does not.
+The text, not the parse: ``ast.dump`` differs between Python versions (3.12 added fields), and a
+digest taken under 3.11 did not match a GPU machine's 3.12 for the same files. The MoE tile
+tables are data, fingerprinted on their own (calibration_store.moe_tiles_of).
 """
 from __future__ import annotations
 
 import ast
 import functools
 import hashlib
+import io
+import tokenize
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1]
 STEP_CODE_FILES = ("kernels/*.py", "model/transformer.py", "engine/cuda_graphs.py", "engine/piecewise_graphs.py")
 
 
-def _without_docstrings(tree: ast.AST) -> ast.AST:
+def _docstring_spans(tree: ast.AST) -> list[tuple[int, int, int, int]]:
+    spans = []
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return tree
+            doc = body[0]
+            spans.append((doc.lineno, doc.col_offset, doc.end_lineno, doc.end_col_offset))
+    return spans
+
+
+def code_text(source: str) -> str:
+    """``source`` without its comments and docstrings, each line's trailing spaces and the blank
+    lines that leaves (the positions come from tokenize and ast, whose positions, unlike their
+    trees, Python keeps from version to version)."""
+    lines = source.splitlines()
+    spans = _docstring_spans(ast.parse(source))
+    spans += [(*tok.start, *tok.end) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+              if tok.type == tokenize.COMMENT]
+    # cut from the end, so that earlier positions stay valid (lines 1-based, columns 0-based)
+    for row, col, end_row, end_col in sorted(spans, reverse=True):
+        head, tail = lines[row - 1][:col], lines[end_row - 1][end_col:]
+        lines[row - 1:end_row] = [head + tail]
+    return "\n".join(line.rstrip() for line in lines if line.strip())
 
 
 def code_digest(files: list[Path], root: Path) -> str:
@@ -42,9 +63,8 @@ def code_digest(files: list[Path], root: Path) -> str:
     moved kernel counts as a change)."""
     digest = hashlib.sha256()
     for path in sorted(files):
-        tree = _without_docstrings(ast.parse(path.read_text(), filename=str(path)))
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(ast.dump(tree, include_attributes=False).encode() + b"\0")
+        digest.update(code_text(path.read_text()).encode() + b"\0")
     return digest.hexdigest()[:12]
 
 
