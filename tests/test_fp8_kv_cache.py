@@ -20,6 +20,7 @@ from bullet_trt.config import ConfigError, EngineConfig, KVCacheConfig
 from bullet_trt.engine.kv_pool import bytes_per_block, fill_random
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.kernels import reference
+from bullet_trt.kernels.fp8_kv import standard_layout
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.presets import PRESETS
 from bullet_trt.serving.llm import LLM
@@ -77,10 +78,14 @@ def test_reference_write_rounds_and_saturates():
     v = -k
     slots = torch.tensor([0, 5, 14])
     reference.write_kv_cache(k, v, cache, slots)
-    stored = cache.float().view(2, 16, 2, 8)[:, slots]
+    standard = standard_layout(cache).float().view(2, 16, 2, 8)
+    stored = standard[:, slots]
     assert torch.equal(stored[0], rounded_to_e4m3(k)) and torch.equal(stored[1], rounded_to_e4m3(v))
     assert stored[0, 1].abs().max().item() == 448.0 and not stored.isnan().any()
-    assert torch.equal(cache.float().view(2, 16, 2, 8)[:, 1], torch.zeros(2, 2, 8))  # other slots untouched
+    assert torch.equal(standard[:, 1], torch.zeros(2, 2, 8))  # other slots untouched
+    # V slots-innermost: slot 5 (block 1, slot 1), head 1, dim 3 at block * 64 + (head * 8 + dim) * 4 + slot
+    assert cache[1].float().flatten()[1 * 64 + (1 * 8 + 3) * 4 + 1] == rounded_to_e4m3(v)[1, 1, 3]
+    assert cache[0].float().flatten()[5 * 16 + 1 * 8 + 3] == rounded_to_e4m3(k)[1, 1, 3]  # K as it was
 
 
 def test_fill_random_draws_an_fp8_pool():

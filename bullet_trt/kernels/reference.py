@@ -51,12 +51,16 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
     """Stores new K/V rows (T, Hkv, D) into their paged slots of one layer's cache (an FP8 cache:
     rounded to it, saturating)."""
     num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
-    flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
+    slots_inner = fp8_kv.v_slots_inner(kv_cache.dtype)
     k, v = fp8_kv.to_cache(k, kv_cache.dtype), fp8_kv.to_cache(v, kv_cache.dtype)
     if fp8_kv.is_fp8(kv_cache.dtype):  # the CPU's index_copy_ has no FP8 kernel: copy the bytes
-        flat, k, v = flat.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
+        kv_cache, k, v = kv_cache.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
+    flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
     flat[0].index_copy_(0, slot_mapping, k)
-    flat[1].index_copy_(0, slot_mapping, v)
+    if slots_inner:
+        fp8_kv.v_view(kv_cache, True)[slot_mapping // block_size, slot_mapping % block_size] = v
+    else:
+        flat[1].index_copy_(0, slot_mapping, v)
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
@@ -81,7 +85,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         num_blocks = (total + block_size - 1) // block_size
         blocks = tables[i, :num_blocks].long()
         k = kv_cache[0, blocks].reshape(-1, num_kv_heads, kv_cache.shape[-1])[:total]
-        v = kv_cache[1, blocks].reshape(-1, num_kv_heads, kv_cache.shape[-1])[:total]
+        v = fp8_kv.v_view(kv_cache, fp8_kv.v_slots_inner(kv_cache.dtype))[blocks]
+        v = v.reshape(-1, num_kv_heads, kv_cache.shape[-1])[:total]
         qi = q[start:end].float().transpose(0, 1)  # (Hq, q_len, D)
         ki = k.float().repeat_interleave(group, dim=1).transpose(0, 1)
         vi = v.float().repeat_interleave(group, dim=1).transpose(0, 1)

@@ -293,7 +293,8 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
 def _write_kv_kernel(K, V, C, SLOT, stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_c2, stride_cb, stride_co, stride_ch,
                      H: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SATURATE: tl.constexpr):
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SATURATE: tl.constexpr,
+                     V_SLOTS_INNER: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(SLOT + t).to(tl.int64)
     valid = slot >= 0  # negative slots (padding rows) are skipped
@@ -310,7 +311,11 @@ def _write_kv_kernel(K, V, C, SLOT, stride_kt, stride_kh, stride_vt, stride_vh,
         k = tl.minimum(tl.maximum(k.to(tl.float32), -SATURATE), SATURATE)
         v = tl.minimum(tl.maximum(v.to(tl.float32), -SATURATE), SATURATE)
     tl.store(dst, k.to(C.dtype.element_ty), mask=mask)
-    tl.store(dst + stride_c2, v.to(C.dtype.element_ty), mask=mask)
+    if V_SLOTS_INNER:  # V as (block, head, dim, slot): fp8_kv.py says why
+        v_dst = C + stride_c2 + blk * stride_cb + (h[:, None] * D + d[None, :]) * BLOCK_SIZE + off
+        tl.store(v_dst, v.to(C.dtype.element_ty), mask=mask)
+    else:
+        tl.store(dst + stride_c2, v.to(C.dtype.element_ty), mask=mask)
 
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
@@ -323,6 +328,7 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
         v = v.contiguous()
     if kv_cache.stride(-1) != 1:
         raise ValueError("write_kv_cache: the cache's last dim must be contiguous")
+    _check_v_layout(kv_cache, "write_kv_cache")
     T, H, D = k.shape
     if v.shape != k.shape or kv_cache.shape[3] != H or kv_cache.shape[4] != D:
         raise ValueError(f"write_kv_cache: k {tuple(k.shape)} v {tuple(v.shape)} cache {tuple(kv_cache.shape)}")
@@ -338,7 +344,37 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                            v.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
                            kv_cache.stride(3), H=H, D=D, BLOCK_SIZE=kv_cache.shape[2],
                            BLOCK_H=block_h, BLOCK_D=block_d, SATURATE=fp8_kv.saturation(kv_cache.dtype),
-                           num_warps=num_warps)
+                           V_SLOTS_INNER=fp8_kv.v_slots_inner(kv_cache.dtype), num_warps=num_warps)
+
+
+def _check_v_layout(kv_cache: torch.Tensor, who: str) -> None:
+    # a cache keeping V slots-innermost is addressed from its block's start, not by strides
+    if fp8_kv.v_slots_inner(kv_cache.dtype) and not kv_cache.is_contiguous():
+        raise ValueError(f"{who}: an FP8 cache must be contiguous (its V is laid out within each block)")
+
+
+@triton.jit
+def _load_v_slots_inner(V_PLANE, table, n0, end, kvh, d, dmask, stride_kvb,
+                        D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_SIZE: tl.constexpr):
+    """Keys n0 .. n0 + BLOCK_N of V kept as (block, head, dim, slot), as a (BLOCK_N, BLOCK_D) tile:
+    a block's run of slots at a time, so that the loads and the product's operand both take keys
+    adjacent. n0 must be a multiple of BLOCK_N. A run is read whole once its first key is before
+    ``end`` (a mask per key would split the 16-byte loads into single bytes): its slots past the end
+    lie in a block the sequence holds and count for nothing, their scores masked to zero weight,
+    as long as they hold no NaN, which an FP8 pool never does (fp8_kv.py)."""
+    SUB: tl.constexpr = BLOCK_N if BLOCK_N < BLOCK_SIZE else BLOCK_SIZE
+    RUNS: tl.constexpr = BLOCK_N // SUB
+    first = n0 + tl.arange(0, RUNS) * SUB
+    blk = tl.load(table + first // BLOCK_SIZE, mask=first < end, other=0).to(tl.int64)
+    base = blk * stride_kvb + kvh * (D * BLOCK_SIZE)
+    if BLOCK_N < BLOCK_SIZE:  # a tile inside one block, from wherever in it n0 falls
+        base += first % BLOCK_SIZE
+    j = tl.arange(0, SUB)
+    off = base[:, None, None] + d[None, :, None] * BLOCK_SIZE + j[None, None, :]
+    mask = (first < end)[:, None, None] & dmask[None, :, None]
+    runs = tl.load(V_PLANE + off, mask=mask, other=0.0)  # (RUNS, BLOCK_D, SUB)
+    return tl.trans(tl.reshape(tl.permute(runs, (1, 0, 2)), (BLOCK_D, BLOCK_N)))
 
 
 # ---------------------------------------------------------------------------- attention: decode
@@ -352,7 +388,7 @@ def _decode_kernel(Q, KV, CU, SEQ_LENS, BT, O, MID_O, MID_LSE,
                    HQ: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-                   DOT_FP16: tl.constexpr):
+                   DOT_FP16: tl.constexpr, V_SLOTS_INNER: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -391,7 +427,11 @@ def _decode_kernel(Q, KV, CU, SEQ_LENS, BT, O, MID_O, MID_LSE,
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(k_base + stride_kv2 + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if V_SLOTS_INNER:
+            v = _load_v_slots_inner(KV + stride_kv2, table, n0, end, kvh, d, dmask, stride_kvb,
+                                    D, BLOCK_N, BLOCK_D, BLOCK_SIZE)
+        else:
+            v = tl.load(k_base + stride_kv2 + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), DOT_PREC, UPCAST)
         m_i = m_new
 
@@ -497,7 +537,8 @@ def _decode(q, kv_cache, meta, qk_scale, out, prec):
         kv_cache.stride(3), tables.stride(0), out.stride(0), out.stride(1), sm[0], sm[1], sm[2],
         qk_scale, splits, HQ=HQ, G=G, G_PAD=g_pad, D=D, BLOCK_D=block_d, BLOCK_N=block_n,
         BLOCK_SIZE=BS, DIRECT=direct, DOT_PREC=prec, UPCAST=UPCAST_DOT,
-        DOT_FP16=FP8_CACHE_DOT_FP16 and fp8_kv.is_fp8(kv_cache.dtype) and q.dtype != torch.float32, **cfg)
+        DOT_FP16=FP8_CACHE_DOT_FP16 and fp8_kv.is_fp8(kv_cache.dtype) and q.dtype != torch.float32,
+        V_SLOTS_INNER=fp8_kv.v_slots_inner(kv_cache.dtype), **cfg)
     if not direct:
         _decode_reduce_kernel[(B, HQ)](
             mid_o, mid_lse, meta.cu_seqlens_q, out, sm[0], sm[1], sm[2], out.stride(0),
@@ -542,7 +583,7 @@ def _prefill_kernel(Q, KV, CU, SEQ_LENS, BT, O,
                     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                     BLOCK_B: tl.constexpr, SKIP_SINGLE: tl.constexpr, DOT_PREC: tl.constexpr,
-                    UPCAST: tl.constexpr):
+                    UPCAST: tl.constexpr, V_SLOTS_INNER: tl.constexpr):
     TOK: tl.constexpr = BLOCK_M // G  # query tokens per tile; rows are (token, head) pairs
     kvh = tl.program_id(0)  # fastest grid axis: all heads of the heaviest blocks launch first
     pid = tl.program_id(1)
@@ -600,7 +641,11 @@ def _prefill_kernel(Q, KV, CU, SEQ_LENS, BT, O,
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(k_base + stride_kv2 + off[:, None] + d[None, :], mask=dmask[None, :], other=0.0)
+        if V_SLOTS_INNER:
+            v = _load_v_slots_inner(KV + stride_kv2, table, n0, full_end, kvh, d, dmask, stride_kvb,
+                                    D, BLOCK_N, BLOCK_D, BLOCK_SIZE)
+        else:
+            v = tl.load(k_base + stride_kv2 + off[:, None] + d[None, :], mask=dmask[None, :], other=0.0)
         acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), DOT_PREC, UPCAST)
         m_i = m_new
     for n0 in range(full_end, kv_end, BLOCK_N):
@@ -616,7 +661,11 @@ def _prefill_kernel(Q, KV, CU, SEQ_LENS, BT, O,
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(k_base + stride_kv2 + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if V_SLOTS_INNER:
+            v = _load_v_slots_inner(KV + stride_kv2, table, n0, kv_end, kvh, d, dmask, stride_kvb,
+                                    D, BLOCK_N, BLOCK_D, BLOCK_SIZE)
+        else:
+            v = tl.load(k_base + stride_kv2 + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), DOT_PREC, UPCAST)
         m_i = m_new
 
@@ -645,7 +694,7 @@ def _prefill(q, kv_cache, meta, qk_scale, out, prec, skip_single):
         kv_cache.stride(3), tables.stride(0), out.stride(0), out.stride(1), qk_scale, B,
         G=G, D=D, BLOCK_D=triton.next_power_of_2(D), BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_SIZE=BS, BLOCK_B=max(16, triton.next_power_of_2(B)), SKIP_SINGLE=skip_single,
-        DOT_PREC=prec, UPCAST=UPCAST_DOT, **cfg)
+        DOT_PREC=prec, UPCAST=UPCAST_DOT, V_SLOTS_INNER=fp8_kv.v_slots_inner(kv_cache.dtype), **cfg)
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
@@ -659,6 +708,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         q = q.contiguous()
     if kv_cache.stride(-1) != 1:
         raise ValueError("paged_attention: the cache's last dim must be contiguous")
+    _check_v_layout(kv_cache, "paged_attention")
     T, HQ, D = q.shape
     HK, BS = kv_cache.shape[3], kv_cache.shape[2]
     if HQ % HK or kv_cache.shape[4] != D:

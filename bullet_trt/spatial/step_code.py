@@ -17,6 +17,11 @@ an edit to a comment or a docstring leaves calibrations standing and an edit to 
 The text, not the parse: ``ast.dump`` differs between Python versions (3.12 added fields), and a
 digest taken under 3.11 did not match a GPU machine's 3.12 for the same files. The MoE tile
 tables are data, fingerprinted on their own (calibration_store.moe_tiles_of).
+
+The digest is conservative: it changes with code a calibration never ran (the FP8 cache's path,
+for one timed over a bf16 cache). A commit that changes only such code may carry a stored
+calibration forward, restamped, where the kernels the calibration ran compile for its GPU to the
+same code as before; the commit says so.
 """
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from tests.gpu.numerics import CUDA, kernel_device, rel_err
 RUNS_IN_TRITON_INTERPRETER = True  # tests/gpu/conftest.py runs this module on CPU then
 DEV = kernel_device()  # skips this module where kernels cannot run
 
+from bullet_trt.kernels import fp8_kv  # noqa: E402
 from bullet_trt.kernels import reference as ref  # noqa: E402
 from bullet_trt.kernels import triton_ops as tops  # noqa: E402
 from bullet_trt.kernels.metadata import AttentionMetadata  # noqa: E402
@@ -153,7 +154,7 @@ def test_write_kv_cache_rounds_to_fp8_and_saturates(dtype):
     ref.write_kv_cache(k, v, want, slots)
     tops.write_kv_cache(k, v, cache, slots)
     assert torch.equal(cache.view(torch.uint8), want.view(torch.uint8))
-    stored = cache.float().view(2, -1, hkv, d)[:, slots.long()]
+    stored = fp8_kv.standard_layout(cache).float().view(2, -1, hkv, d)[:, slots.long()]
     assert not stored.isnan().any() and stored.abs().max().item() == 448.0
     assert torch.allclose(stored[0, 1::3], k[1::3].float(), rtol=1 / 16, atol=2.0 ** -9)
 
@@ -186,7 +187,7 @@ def attention_case(q_lens, ctx_lens, bs, hq, hkv, d, dtype, capacity=None):
 def check_attention(q, cache, meta, dtype):
     scale = q.shape[-1] ** -0.5
     got = tops.paged_attention(q, cache, meta, scale)
-    want = ref.paged_attention(q.float(), cache.float(), meta, scale)
+    want = ref.paged_attention(q.float(), fp8_kv.standard_layout(cache).float(), meta, scale)
     check(got, want, dtype)
 
 
@@ -228,14 +229,20 @@ def test_prefill_attention(dtype, q_lens, ctx_lens):
     check_attention(*attention_case(q_lens, ctx_lens, 16, *H, dtype), dtype)
 
 
-@pytest.mark.parametrize("q_lens,ctx", [([1] * 5, [1, 16, 17, 70, 33]), ([1, 13, 1, 0, 6], [40, 30, 1, 5, 6])]
+@pytest.mark.parametrize("q_lens,ctx", [([1] * 6, [1, 16, 17, 70, 33, 300]), ([1, 13, 1, 0, 6, 9], [40, 30, 1, 5, 6, 150])]
                          if not BIG else [([1] * 6, [1, 16, 17, 1000, 2047, 4096]), ([1, 600, 1, 45], [4096, 1800, 333, 45])],
                          ids=["decode", "mixed"])
-def test_attention_reads_an_fp8_cache(q_lens, ctx):
+@pytest.mark.parametrize("bs,dtype", [(16, BF16), (32, FP32)])  # fp32's prefill tile (16 keys) inside a block
+def test_attention_reads_an_fp8_cache(q_lens, ctx, bs, dtype):
     """kv.cache_dtype=fp8: the kernels read E4M3 K/V into the queries' dtype (exact), so they
-    match the reference over the same cache read back in fp32."""
-    q, cache, meta = attention_case(q_lens, ctx, 16, *H, BF16)
-    check_attention(q, cache.to(torch.float8_e4m3fn), meta, BF16)
+    match the reference over the same cache read back in fp32; V kept slots-innermost
+    (fp8_kv.py), over tiles of whole blocks, one block's part and past a sequence's end (the
+    300-token context, the 150-token one's keys every query sees)."""
+    q, cache, meta = attention_case(q_lens, ctx, bs, *H, dtype)
+    # an FP8 pool holds no NaN (fp8_kv.py), and its kernels read a block's slots past a sequence's
+    # end at zero weight: there they hold E4M3's largest value, which any weight would show
+    cache = fp8_kv.from_standard_layout(cache.nan_to_num(448.0), torch.float8_e4m3fn)
+    check_attention(q, cache, meta, dtype)
 
 
 @pytest.mark.parametrize("mixed_split", [True, False])
