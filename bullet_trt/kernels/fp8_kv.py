@@ -8,8 +8,8 @@ An FP8 cache keeps each block's V with its slots innermost, (block, head, dim, s
 bf16 cache's V keep (block, slot, head, dim): the attention's product with V sums over keys, so its
 operand wants keys adjacent. Read the other way, an 8-bit V reached the tensor cores a byte at a
 time through shared memory (Triton has no transposing load for 8-bit data): the decode loop over
-an FP8 cache compiled for sm_90 to 1163 instructions for its 32 KB of K and V against a bf16
-cache's 373, and read at ~2.2 TB/s where bf16 reads at ~3.9 (docs/benchmarks.md, twenty-eighth
+an FP8 cache compiled for sm_90 to 1162 instructions for its 32 KB of K and V against a bf16
+cache's 372, and read at ~2.2 TB/s where bf16 reads at ~3.9 (docs/benchmarks.md, twenty-eighth
 and thirtieth rounds). With slots innermost it compiles to 752 (tests/test_attention_kernels_compile.py);
 its speed on a GPU is not yet measured. The cache tensor keeps its shape, (2, blocks, slots, heads,
 dim); ``v_view`` gives V in the usual order whatever the layout. The kernels read a block's run of
