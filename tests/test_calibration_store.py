@@ -254,6 +254,8 @@ def test_the_step_code_is_the_text_without_comments_docstrings_and_blank_lines(t
     source = ('"""Module doc."""\n# a comment\nimport os  # why\n\n\nclass K:\n    """One line."""\n'
               '    def f(self, x):\n        """Doc\n        more."""\n        return f"{x}#"  # twice\n')
     assert code_text(source) == 'import os\nclass K:\n    def f(self, x):\n        return f"{x}#"'
+    # ast's columns count UTF-8 bytes, tokenize's and str's characters
+    assert code_text('def f():\n    """µ doc µ"""; x = "é"  # c µ\n    return x\n') == 'def f():\n    ; x = "é"\n    return x'
     (tmp_path / "kernel.py").write_text(source)
     # pinned: the same under every Python version (checked under 3.10-3.13 when it was written)
     assert code_digest([tmp_path / "kernel.py"], tmp_path) == "5b4bbebea4cd"

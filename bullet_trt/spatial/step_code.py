@@ -36,7 +36,10 @@ PACKAGE = Path(__file__).resolve().parents[1]
 STEP_CODE_FILES = ("kernels/*.py", "model/transformer.py", "engine/cuda_graphs.py", "engine/piecewise_graphs.py")
 
 
-def _docstring_spans(tree: ast.AST) -> list[tuple[int, int, int, int]]:
+def _docstring_spans(tree: ast.AST, lines: list[str]) -> list[tuple[int, int, int, int]]:
+    def column(row: int, byte_offset: int) -> int:  # ast counts UTF-8 bytes, str slicing characters
+        return len(lines[row - 1].encode()[:byte_offset].decode(errors="ignore"))
+
     spans = []
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
@@ -44,7 +47,8 @@ def _docstring_spans(tree: ast.AST) -> list[tuple[int, int, int, int]]:
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
             doc = body[0]
-            spans.append((doc.lineno, doc.col_offset, doc.end_lineno, doc.end_col_offset))
+            spans.append((doc.lineno, column(doc.lineno, doc.col_offset),
+                          doc.end_lineno, column(doc.end_lineno, doc.end_col_offset)))
     return spans
 
 
@@ -53,7 +57,7 @@ def code_text(source: str) -> str:
     lines that leaves (the positions come from tokenize and ast, whose positions, unlike their
     trees, Python keeps from version to version)."""
     lines = source.splitlines()
-    spans = _docstring_spans(ast.parse(source))
+    spans = _docstring_spans(ast.parse(source), lines)
     spans += [(*tok.start, *tok.end) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
               if tok.type == tokenize.COMMENT]
     # cut from the end, so that earlier positions stay valid (lines 1-based, columns 0-based)
