@@ -259,3 +259,21 @@ def test_the_step_code_is_the_text_without_comments_docstrings_and_blank_lines(t
     (tmp_path / "kernel.py").write_text(source)
     # pinned: the same under every Python version (checked under 3.10-3.13 when it was written)
     assert code_digest([tmp_path / "kernel.py"], tmp_path) == "5b4bbebea4cd"
+
+
+def test_an_fp8_kv_pool_keeps_its_own_calibration_beside_the_bf16_pools(tmp_path):
+    """Attention over an FP8 pool runs other kernels (kernels/fp8_kv.py): a calibration timed over
+    a bf16 pool is not an FP8-pool server's, nor the other way round."""
+    tiles = moe_tiles_of(MOE_ARCH, H200, "fp8-w8a8")
+    bf16_pool = calibration_file(tmp_path, H200, "fp8-w8a8")
+    fp8_pool = calibration_file(tmp_path, H200, "fp8-w8a8", "fp8")
+    assert fp8_pool.name == "perf_model.nvidia-h200.fp8-w8a8.kv-fp8.yaml"
+    assert calibration_file(tmp_path, H200, kv_cache_dtype="fp8").name == "perf_model.nvidia-h200.kv-fp8.yaml"
+    copy_as_if_timed_now(H200_MOE_CALIBRATION.with_name("perf_model_h200_qwen3-30b-a3b.fp8-w8a8.yaml"), bf16_pool)
+    assert find_calibration(tmp_path, H200, 132, tiles, "fp8-w8a8", "fp8").path is None  # it measures its own
+    assert find_calibration(tmp_path, H200, 132, tiles, "fp8-w8a8").path == bf16_pool
+    perf, note = load_perf_model(tmp_path, MOE_COST, H200, 132, moe_tiles=tiles, expert_quantization="fp8-w8a8",
+                                 kv_cache_dtype="fp8")
+    assert "no calibration" in note and "uncalibrated defaults" in note
+    shutil.copy(bf16_pool, fp8_pool)
+    assert find_calibration(tmp_path, H200, 132, tiles, "fp8-w8a8", "fp8").path == fp8_pool

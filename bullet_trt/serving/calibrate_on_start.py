@@ -62,8 +62,9 @@ def _missing_calibration(cfg: EngineConfig) -> tuple[str, Path, str] | None:
     arch = ModelArch.from_checkpoint(cfg.checkpoint_path)
     experts = arch.expert_quantization(cfg.quantization)
     found = find_calibration(cfg.engine_dir, props.name, props.multi_processor_count,
-                             moe_tiles_of(arch, props.name, experts, resolve_dtype(arch, cfg.dtype, "cuda")), experts)
-    target = calibration_file(cfg.engine_dir, props.name, experts)
+                             moe_tiles_of(arch, props.name, experts, resolve_dtype(arch, cfg.dtype, "cuda")), experts,
+                             cfg.kv.cache_dtype)
+    target = calibration_file(cfg.engine_dir, props.name, experts, cfg.kv.cache_dtype)
     if found.path is None:
         return found.note, target, "uncalibrated defaults"
     if found.stale:

@@ -74,7 +74,8 @@ def decode_rows(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts, dtype_bytes: 
     from bullet_trt.model.loader import resolve_dtype  # torch, only where a GPU is sized
 
     tiles = moe_tiles_of(arch, gpu.name, experts, resolve_dtype(arch, cfg.dtype, "cuda"))
-    perf, _ = load_perf_model(cfg.engine_dir, cost, gpu.name, total_sms, moe_tiles=tiles, expert_quantization=experts)
+    perf, _ = load_perf_model(cfg.engine_dir, cost, gpu.name, total_sms, moe_tiles=tiles, expert_quantization=experts,
+                              kv_cache_dtype=cfg.kv.cache_dtype)
     budget_ms = cfg.serve.tpot_slo_ms * cfg.serve.tpot_plan_fraction
     by_time = max([b for b in GRAPH_BUCKETS if perf.decode_ms(b, b * context, total_sms) <= budget_ms],
                   default=1)

@@ -158,8 +158,9 @@ def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (3
               "step_code": step_code(),
               "train_median_abs_pct_error": round(median_abs_pct_error(model_fit, train), 2),
               "held_out_median_abs_pct_error": round(median_abs_pct_error(model_fit, held_out), 2)}
-    model_fit.save(calibration_file(engine_dir, gpu, quantization), extra={"calibration": report})
-    profile_file(engine_dir, gpu, quantization).write_text(json.dumps(
+    kv = cfg.kv.cache_dtype
+    model_fit.save(calibration_file(engine_dir, gpu, quantization, kv), extra={"calibration": report})
+    profile_file(engine_dir, gpu, quantization, kv).write_text(json.dumps(
         {"report": report, "points": [vars(p) for p in points],
          "held_out": [points.index(p) for p in held_out]}, indent=1))
     print(json.dumps(report), flush=True)

@@ -13,7 +13,8 @@ made the H200's MoE decode steps up to 1.25x faster per layer (docs/moe.md). A c
 records the tiles it ran under, and the digest of the step's code it timed (spatial/step_code.py:
 new kernels made that step 1.14x faster under the same tiles); under other tiles or other code it
 is stale: ``serve.calibrate=auto`` measures again at start, and where nothing measures, it is
-still used, and the server says so.
+still used, and the server says so. Quantized experts and an FP8 KV pool run other kernels: their
+calibrations are files of their own (``perf_model.<gpu>.fp8-w8a8.kv-fp8.yaml``).
 """
 from __future__ import annotations
 
@@ -33,19 +34,24 @@ def gpu_slug(gpu_name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
 
 
-def _suffix(expert_quantization: str) -> str:
-    # quantized experts run other kernels at other speeds: their calibration is kept beside the
-    # bf16 experts' one, so that an engine directory served both ways keeps both
-    return "" if expert_quantization == "none" else f".{expert_quantization}"
+def _suffix(expert_quantization: str, kv_cache_dtype: str) -> str:
+    # quantized experts run other kernels at other speeds, and so does attention over an FP8 KV
+    # pool: each such calibration is kept beside the bf16 one, so that an engine directory served
+    # several ways keeps them all
+    experts = "" if expert_quantization == "none" else f".{expert_quantization}"
+    return experts + ("" if kv_cache_dtype == "auto" else f".kv-{kv_cache_dtype}")
 
 
-def calibration_file(engine_dir: str | Path, gpu_name: str, expert_quantization: str = "none") -> Path:
-    return Path(engine_dir) / f"perf_model.{gpu_slug(gpu_name)}{_suffix(expert_quantization)}.yaml"
+def calibration_file(engine_dir: str | Path, gpu_name: str, expert_quantization: str = "none",
+                     kv_cache_dtype: str = "auto") -> Path:
+    """``kv_cache_dtype``: the server's kv.cache_dtype (auto, fp8)."""
+    return Path(engine_dir) / f"perf_model.{gpu_slug(gpu_name)}{_suffix(expert_quantization, kv_cache_dtype)}.yaml"
 
 
-def profile_file(engine_dir: str | Path, gpu_name: str, expert_quantization: str = "none") -> Path:
+def profile_file(engine_dir: str | Path, gpu_name: str, expert_quantization: str = "none",
+                 kv_cache_dtype: str = "auto") -> Path:
     """Every point the calibration measured, next to it."""
-    return Path(engine_dir) / f"perf_profile.{gpu_slug(gpu_name)}{_suffix(expert_quantization)}.json"
+    return Path(engine_dir) / f"perf_profile.{gpu_slug(gpu_name)}{_suffix(expert_quantization, kv_cache_dtype)}.json"
 
 
 def moe_tiles_of(arch: ModelArch, gpu_name: str, expert_quantization: str = "none",
@@ -93,11 +99,12 @@ def _stale(path: Path, data: dict, moe_tiles: str | None) -> str:
 
 
 def find_calibration(engine_dir: str | Path, gpu_name: str, total_sms: int,
-                     moe_tiles: str | None = None, expert_quantization: str = "none") -> Calibration:
+                     moe_tiles: str | None = None, expert_quantization: str = "none",
+                     kv_cache_dtype: str = "auto") -> Calibration:
     """``moe_tiles``: the MoE kernels' tiles the server will run (``moe_tiles_of``), which a
-    calibration timed under others is stale for; None for a dense model. ``expert_quantization``:
-    whose calibration file is this server's (``calibration_file``)."""
-    own = calibration_file(engine_dir, gpu_name, expert_quantization)
+    calibration timed under others is stale for; None for a dense model. ``expert_quantization``,
+    ``kv_cache_dtype``: whose calibration file is this server's (``calibration_file``)."""
+    own = calibration_file(engine_dir, gpu_name, expert_quantization, kv_cache_dtype)
     if own.is_file():
         data = _read(own)
         return Calibration(own, f"calibrated on {gpu_name} ({own.name})", _stale(own, data, moe_tiles), data)
@@ -129,11 +136,12 @@ def _how(graph_tokens: list[int]) -> str:
 
 def load_perf_model(engine_dir: str | Path, cost: ModelCost, gpu_name: str | None,
                     total_sms: int, prefill_graph_tokens: list[int] | None = None,
-                    moe_tiles: str | None = None, expert_quantization: str = "none") -> tuple[PerfModel, str]:
+                    moe_tiles: str | None = None, expert_quantization: str = "none",
+                    kv_cache_dtype: str = "auto") -> tuple[PerfModel, str]:
     """The performance model for this device (gpu_name None: the CPU) and a line saying
     where it came from. Without a fitting calibration, uncalibrated defaults that the online
-    correction then pulls toward measured times. `moe_tiles`, `expert_quantization`: as in
-    ``find_calibration``.
+    correction then pulls toward measured times. `moe_tiles`, `expert_quantization`,
+    `kv_cache_dtype`: as in ``find_calibration``.
     `prefill_graph_tokens`: the prefill worker's
     graph buckets, where a prefill worker runs; a calibration measured otherwise is still
     taken, but the line says so: an eager prefill can be bound by the host launching kernels
@@ -141,7 +149,7 @@ def load_perf_model(engine_dir: str | Path, cost: ModelCost, gpu_name: str | Non
     docs/moe.md), a graphed one need not."""
     if gpu_name is None:
         return PerfModel.default(cost, total_sms, on_gpu=False), "CPU: uncalibrated defaults"
-    found = find_calibration(engine_dir, gpu_name, total_sms, moe_tiles, expert_quantization)
+    found = find_calibration(engine_dir, gpu_name, total_sms, moe_tiles, expert_quantization, kv_cache_dtype)
     if found.path is None:
         return PerfModel.default(cost, total_sms, on_gpu=True), f"{found.note}: uncalibrated defaults"
     note, data = found.note, found.data

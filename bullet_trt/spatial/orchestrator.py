@@ -178,7 +178,8 @@ class SpatialEngine:
         quantization = self.state.expert_quantization
         tiles = moe_tiles_of(arch, gpu_name, quantization, self.state.dtype) if gpu_name else None
         perf, note = load_perf_model(self.cfg.engine_dir, cost, gpu_name, self.total_sms,
-                                     worker_profiles(self.cfg)["prefill"].piecewise_graph_tokens, tiles, quantization)
+                                     worker_profiles(self.cfg)["prefill"].piecewise_graph_tokens, tiles, quantization,
+                                     self.cfg.kv.cache_dtype)
         print(f"bullet_trt: performance model: {note}", file=sys.stderr, flush=True)
         return perf
 
