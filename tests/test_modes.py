@@ -419,6 +419,23 @@ def test_abort_of_a_decoding_row_frees_its_blocks_in_spatial_mode(llama_engine):
         assert core.stats().kv_blocks_free == core.stats().kv_blocks_total
 
 
+def test_the_stats_carry_the_performance_models_correction(llama_engine):
+    """bullet_perf_model_correction on /metrics: the online correction per phase, which moves
+    from 1 as measured steps come in (a stale calibration shows as a correction far from 1);
+    0 where no performance model plans the steps (chunked)."""
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    with LLM(str(llama_engine), **{"serve.mode": "bullet"}) as llm:
+        llm.generate_token_ids(prompts(3, seed=31), params)
+        core = llm.engine
+        stats = core.stats()
+        assert stats.perf_correction_prefill == core.perf.correction["prefill"] != 1.0
+        assert stats.perf_correction_decode == core.perf.correction["decode"] != 1.0
+    with LLM(str(llama_engine), **{"serve.mode": "chunked"}) as llm:
+        llm.generate_token_ids(prompts(1, seed=31), params)
+        stats = llm.engine.stats()
+        assert (stats.perf_correction_prefill, stats.perf_correction_decode) == (0.0, 0.0)
+
+
 def test_a_failed_prefill_batch_ends_its_requests_and_the_engine_serves_on(llama_engine):
     """A prefill batch that raises in the worker (on a GPU: out of memory under a burst) ends
     its own requests with an error that says so and frees their blocks; the worker and the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -621,7 +622,11 @@ def test_engine_death_errors_in_flight_and_model_goes_not_ready(long_engine, tmp
     try:
         status, body = srv.generate({"text_input": "Spatial sharing", "max_tokens": 8})
         assert status == 200 and body["text_output"], body
-        assert "bullet_prefill_sms" in srv.metrics_text()
+        metrics = srv.metrics_text()
+        assert "bullet_prefill_sms" in metrics
+        corrections = re.findall(r'bullet_perf_model_correction\{[^}]*phase="(prefill|decode)"[^}]*\} (\S+)', metrics)
+        assert sorted(phase for phase, _ in corrections) == ["decode", "prefill"]
+        assert all(float(value) > 0 for _, value in corrections)  # bullet plans from a model: not 0
         s = GrpcStreams(srv.grpc_url)
         rid = s.send({"text_input": "Never ending", "max_tokens": HELD_TOKENS, "min_tokens": HELD_TOKENS,
                       "stream": True})

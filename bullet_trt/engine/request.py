@@ -62,6 +62,11 @@ class EngineStats:
     # bullet: decode's step beside a prefill is planned for this fraction of the TPOT SLO
     # (serve.tpot_plan_fraction, moved by serve.tpot_plan_auto); 0 in the other modes
     tpot_plan: float = 0.0
+    # the spatial modes: the performance model's online correction per phase, measured step
+    # time over its calibration's prediction (1: the calibration describes the steps run; a stale
+    # one drifts from it); 0 in the other modes
+    perf_correction_prefill: float = 0.0
+    perf_correction_decode: float = 0.0
 
 
 @dataclass

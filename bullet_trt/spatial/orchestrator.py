@@ -209,7 +209,9 @@ class SpatialEngine:
                            tokens_generated=self.requests.tokens_generated, num_preemptions=q.num_preemptions,
                            **prefix_stats(self.allocator),
                            prefill_sms=self.last_sms[0], decode_sms=self.last_sms[1],
-                           tpot_plan=self.slo.tpot_plan if self.cfg.serve.mode == "bullet" else 0.0)
+                           tpot_plan=self.slo.tpot_plan if self.cfg.serve.mode == "bullet" else 0.0,
+                           perf_correction_prefill=self.perf.correction["prefill"],
+                           perf_correction_decode=self.perf.correction["decode"])
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         return self.requests.fail_all(message)

@@ -13,6 +13,9 @@
     bullet_engine_ready                    gauge      1 while the engine process serves, 0 after it died
     bullet_prefill_sms / _decode_sms       gauge      SMs of the last prefill / decode iteration (spatial modes)
     bullet_tpot_plan_fraction              gauge      bullet: decode's step beside a prefill, planned as this share of the TPOT SLO
+    bullet_perf_model_correction           gauge      by phase (prefill, decode), spatial modes: measured step time over the
+                                                      calibration's prediction, as the online correction holds it (far from 1:
+                                                      the calibration no longer describes the steps run)
     bullet_kv_blocks_cached                gauge      kv.prefix_caching: blocks kept for later prompts (free blocks too)
     bullet_prefix_cache_hit_tokens_total   counter    kv.prefix_caching: prompt tokens found cached
     bullet_prefix_cache_prompt_tokens_total counter   kv.prefix_caching: prompt tokens looked up
@@ -50,6 +53,7 @@ NAMES = (
     "bullet_requests_finished_total", "bullet_engine_ready", "bullet_prefill_sms", "bullet_decode_sms",
     "bullet_requests_refused_total", "bullet_kv_blocks_free_by_rank", "bullet_tpot_plan_fraction",
     "bullet_kv_blocks_cached", "bullet_prefix_cache_hit_tokens_total", "bullet_prefix_cache_prompt_tokens_total",
+    "bullet_perf_model_correction",
 )
 
 
@@ -115,6 +119,9 @@ class Metrics:
                               "(kv.prefix_caching; counted as free: any allocation may take them back)", G)
         self.prefix_hits = make(NAMES[16], "Prompt tokens whose KV blocks were found cached (kv.prefix_caching)", C)
         self.prefix_looked_up = make(NAMES[17], "Prompt tokens looked up in the prefix cache (kv.prefix_caching)", C)
+        self.perf_correction = {phase: make(NAMES[18], "Spatial modes: the performance model's online correction, "
+                                            "measured step time over the calibration's prediction (0 in other modes)",
+                                            G, {"phase": phase}) for phase in ("prefill", "decode")}
         # one per rank, made when the first stats say how many ranks there are
         self._rank_free = lambda rank: make(NAMES[13], "KV-cache blocks free in this tensor-parallel rank's pool",
                                             G, {"rank": str(rank)})
@@ -160,6 +167,8 @@ class Metrics:
             self._set("prefill_sms", self.prefill_sms, getattr(s, "prefill_sms", 0))
             self._set("decode_sms", self.decode_sms, getattr(s, "decode_sms", 0))
             self._set("tpot_plan", self.tpot_plan, getattr(s, "tpot_plan", 0.0))
+            for phase, metric in self.perf_correction.items():
+                self._set(f"correction_{phase}", metric, round(getattr(s, f"perf_correction_{phase}", 0.0), 4))
             self._count("tokens", self.tokens, s.tokens_generated)
             self._count("preemptions", self.preemptions, s.num_preemptions)
             self._set("kv_cached", self.kv_cached, s.kv_blocks_cached)
