@@ -14,7 +14,7 @@ on this CPU), interference (what a prefill beside them cost decode steps on thei
 from an iteration log), decode-sms (decode steps' GPU time and SM-time on a partition against the
 whole GPU at the same rows, from an iteration log), timeline (a bullet run's two phases window by
 window, and its prefill batches' cost per token and per batch beside decode, from an iteration
-log)."""
+log), calibrations (two calibrations' predictions of the same steps side by side)."""
 from __future__ import annotations
 
 import importlib
@@ -39,6 +39,7 @@ KINDS = {
     "interference": "bullet_trt.tools.bench.interference",
     "decode-sms": "bullet_trt.tools.bench.decode_sms",
     "timeline": "bullet_trt.tools.bench.timeline",
+    "calibrations": "bullet_trt.tools.bench.calibration_diff",
 }
 
 
