@@ -379,6 +379,20 @@ def _load_v_slots_inner(V_PLANE, table, n0, end, kvh, d, dmask, stride_kvb,
     return tl.trans(tl.reshape(tl.permute(runs, (1, 0, 2)), (BLOCK_D, BLOCK_N)))
 
 
+@triton.jit
+def _load_v(KV, k_base, stride_kv2, off, kv_mask, table, n0, end, kvh, d, dmask, stride_kvb,
+            D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+            V_SLOTS_INNER: tl.constexpr):
+    """The (BLOCK_N, BLOCK_D) tile of V beside the K tile at ``off`` (keys n0 .. n0 + BLOCK_N, masked
+    by ``kv_mask``, or from ``end`` where V is kept slots-innermost), in the cache's layout."""
+    if V_SLOTS_INNER:
+        v = _load_v_slots_inner(KV + stride_kv2, table, n0, end, kvh, d, dmask, stride_kvb,
+                                D, BLOCK_N, BLOCK_D, BLOCK_SIZE)
+    else:
+        v = tl.load(k_base + stride_kv2 + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    return v
+
+
 # ---------------------------------------------------------------------------- attention: decode
 
 
@@ -429,11 +443,8 @@ def _decode_kernel(Q, KV, CU, SEQ_LENS, BT, O, MID_O, MID_LSE,
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if V_SLOTS_INNER:
-            v = _load_v_slots_inner(KV + stride_kv2, table, n0, end, kvh, d, dmask, stride_kvb,
-                                    D, BLOCK_N, BLOCK_D, BLOCK_SIZE)
-        else:
-            v = tl.load(k_base + stride_kv2 + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = _load_v(KV, k_base, stride_kv2, off, kv_mask, table, n0, end, kvh, d, dmask, stride_kvb,
+                    D, BLOCK_N, BLOCK_D, BLOCK_SIZE, V_SLOTS_INNER)
         acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), DOT_PREC, UPCAST)
         m_i = m_new
 
@@ -643,11 +654,8 @@ def _prefill_kernel(Q, KV, CU, SEQ_LENS, BT, O,
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if V_SLOTS_INNER:
-            v = _load_v_slots_inner(KV + stride_kv2, table, n0, full_end, kvh, d, dmask, stride_kvb,
-                                    D, BLOCK_N, BLOCK_D, BLOCK_SIZE)
-        else:
-            v = tl.load(k_base + stride_kv2 + off[:, None] + d[None, :], mask=dmask[None, :], other=0.0)
+        v = _load_v(KV, k_base, stride_kv2, off, dmask[None, :], table, n0, full_end, kvh, d, dmask, stride_kvb,
+                    D, BLOCK_N, BLOCK_D, BLOCK_SIZE, V_SLOTS_INNER)
         acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), DOT_PREC, UPCAST)
         m_i = m_new
     for n0 in range(full_end, kv_end, BLOCK_N):
@@ -663,11 +671,8 @@ def _prefill_kernel(Q, KV, CU, SEQ_LENS, BT, O,
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if V_SLOTS_INNER:
-            v = _load_v_slots_inner(KV + stride_kv2, table, n0, kv_end, kvh, d, dmask, stride_kvb,
-                                    D, BLOCK_N, BLOCK_D, BLOCK_SIZE)
-        else:
-            v = tl.load(k_base + stride_kv2 + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = _load_v(KV, k_base, stride_kv2, off, kv_mask, table, n0, kv_end, kvh, d, dmask, stride_kvb,
+                    D, BLOCK_N, BLOCK_D, BLOCK_SIZE, V_SLOTS_INNER)
         acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), DOT_PREC, UPCAST)
         m_i = m_new
 
