@@ -1,7 +1,7 @@
 """`bullet-trt bench calibrations`: two calibrations of one model side by side, as the scheduler
 reads them.
 
-    bullet-trt bench calibrations OLD.yaml NEW.yaml --arch qwen3-30b-a3b [--fp8-experts] [--kv-fp8]
+    bullet-trt bench calibrations OLD.yaml NEW.yaml --arch qwen3-30b-a3b [--fp8-experts] [--fp8-kv]
         [--decode 500x600@132,785x600@108] [--prefill 8x200@24,1x2048@132] [--json]
 
 Each row is one step as the performance model predicts it from each file before any online
@@ -39,7 +39,7 @@ def shapes(spec: str) -> list[tuple[int, int, int]]:
 
 
 def arch_of(name: str) -> ModelArch:
-    return ModelArch.from_hf_dict(PRESETS[name]) if name in PRESETS else ModelArch.from_checkpoint(name)
+    return ModelArch.from_hf_dict(PRESETS[name], source=name) if name in PRESETS else ModelArch.from_checkpoint(name)
 
 
 def compare(old: dict, new: dict, cost: ModelCost, decode: list[tuple[int, int, int]],
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("new", type=Path, help="another calibration of the same model")
     ap.add_argument("--arch", required=True, help="a preset name (qwen3-30b-a3b, llama-3.1-8b, ...) or a checkpoint")
     ap.add_argument("--fp8-experts", action="store_true", help="the experts read at one byte a weight (quantization=fp8*)")
-    ap.add_argument("--kv-fp8", action="store_true", help="K and V cached at one byte (kv.cache_dtype=fp8)")
+    ap.add_argument("--fp8-kv", action="store_true", help="K and V cached at one byte (kv.cache_dtype=fp8)")
     ap.add_argument("--dtype-bytes", type=int, default=2, help="the model's bytes a value (default 2: bf16)")
     ap.add_argument("--decode", default=DEFAULT_DECODE, help=f"ROWSxCTX@SMS,... (default {DEFAULT_DECODE})")
     ap.add_argument("--prefill", default=DEFAULT_PREFILL, help=f"PROMPTSxLEN@SMS,... (default {DEFAULT_PREFILL})")
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         decode, prefill = shapes(args.decode), shapes(args.prefill)
     except ValueError as e:
         ap.error(str(e))
-    cost = ModelCost.from_arch(arch_of(args.arch), args.dtype_bytes, args.fp8_experts, 1 if args.kv_fp8 else None)
+    cost = ModelCost.from_arch(arch_of(args.arch), args.dtype_bytes, args.fp8_experts, 1 if args.fp8_kv else None)
     rows = compare(yaml.safe_load(args.old.read_text()), yaml.safe_load(args.new.read_text()), cost, decode, prefill)
     if args.json:
         print(json.dumps({"old": str(args.old), "new": str(args.new), "rows": rows}, indent=1))
