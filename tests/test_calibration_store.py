@@ -201,7 +201,9 @@ def test_the_stored_moe_calibrations_timed_the_shipped_tables_of_their_experts()
     that stales a stored calibration shows here, before a server measures again at start."""
     for quantization, stored in [("none", H200_MOE_CALIBRATION),
                                  ("fp8-w8a8", H200_MOE_CALIBRATION.with_name(
-                                     "perf_model_h200_qwen3-30b-a3b.fp8-w8a8.yaml"))]:
+                                     "perf_model_h200_qwen3-30b-a3b.fp8-w8a8.yaml")),
+                                 ("fp8-w8a8", H200_MOE_CALIBRATION.with_name(
+                                     "perf_model_h200_qwen3-30b-a3b.fp8-w8a8.kv-fp8.yaml"))]:
         recorded = yaml.safe_load(stored.read_text())["calibration"]["moe_tiles"]
         assert recorded == moe_tiles_of(MOE_ARCH, H200, quantization), stored.name
 
