@@ -92,6 +92,24 @@ def test_the_sm_time_a_log_held_per_phase():
     assert sm_time_shares([{**r, "sms": 0} for r in records]) is None  # a CPU log: no SM counts
 
 
+def test_what_a_spatial_prefill_ran_on_over_the_middle_of_the_log():
+    """Decode over 0-100 ms; prefills of 24 SMs (1000 tokens, 20 ms) and 56 SMs (3000 tokens,
+    30 ms) inside the middle 80%, one during the ramp-up left out: the batches' SMs, tokens and
+    windows, and the share of 10-90 ms a prefill ran (50 of 80 ms)."""
+    from bullet_trt.tools.bench.prefill_partition import prefill_partition
+
+    decode = [step("decode", 300, t, t + 10) | {"sms": 108, "decode_sms": 108} for t in range(0, 100, 10)]
+    prefills = [step("prefill", 4, 2, 8) | {"sms": 132, "tokens": 500},
+                step("prefill", 8, 20, 40) | {"sms": 24, "tokens": 1000},
+                step("prefill", 12, 50, 80) | {"sms": 56, "tokens": 3000}]
+    seen = prefill_partition(decode + prefills)
+    assert seen["batches"] == 2
+    assert (seen["sms_p50"], seen["tokens_p50"], seen["window_p50_ms"]) == pytest.approx((40, 2000, 25))
+    assert seen["busy_share"] == pytest.approx(50 / 80)
+    assert prefill_partition(decode) is None  # no prefill in the middle of the log
+    assert prefill_partition([{**r, "sms": 0} for r in decode + prefills]) is None  # a CPU log
+
+
 def test_one_phase_reported_apart_with_its_launches_that_outran_their_windows():
     """Chunked's mixed steps launch eager attention between piecewise graphs, its decode steps
     one graph: --phase reports one kind alone, each step's gap still measured to the next step

@@ -17,7 +17,8 @@ A log without the GPU's stamps (CPU, or one written before them) is read on the 
 instead, each step's window [t, t + measured_ms], which also counts the launch and the wait
 for the step's end; the report names the clock.
 
-Under the table, per log, the share of the GPU's SM-time its steps held (bench/sm_time.py).
+Under the table, per log, the share of the GPU's SM-time its steps held (bench/sm_time.py) and, for a
+spatial server, what its prefill ran on: SMs, tokens, and how much of the time (bench/prefill_partition.py).
 
 The "at split" column: the part of the gaps' time that came before a step on another split
 than the one before it (a change of SM split, which the overlapped loop drained until the
@@ -49,6 +50,7 @@ import sys
 
 from bullet_trt.tools.bench.iteration_records import has_gpu_stamps, load, step_windows
 from bullet_trt.tools.bench.metrics import percentiles
+from bullet_trt.tools.bench.prefill_partition import prefill_partition
 from bullet_trt.tools.bench.sm_time import sm_time_shares
 
 BANDS = ((1, 63), (64, 255), (256, 511), (512, 1 << 30))
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         records = load(path)
         clock = "gpu" if has_gpu_stamps(records) else "host"
         report[path] = {"clock": clock, "bands": decode_gaps(records, clock, args.phase),
-                        "sm_time": sm_time_shares(records, clock)}
+                        "sm_time": sm_time_shares(records, clock), "prefill": prefill_partition(records, clock)}
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
@@ -132,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             held = read["sm_time"]
             print(f"{name:<40} SM-time held over the middle 80% of the log: prefill {100 * held['prefill']:.1f}%, "
                   f"decode {100 * held['decode']:.1f}% of {held['sms']} SMs (bench/sm_time.py)")
+        if read["prefill"]:
+            pre = read["prefill"]
+            print(f"{name:<40} prefill over the middle 80%: {pre['batches']} batches on {pre['sms_p50']:.0f} SMs p50 "
+                  f"({pre['sms_p90']:.0f} p90), {pre['tokens_p50']:.0f} tokens p50 ({pre['tokens_p90']:.0f} p90), "
+                  f"{pre['window_p50_ms']:.1f} ms p50, running {100 * pre['busy_share']:.1f}% of the time "
+                  f"(bench/prefill_partition.py)")
     return 0
 
 

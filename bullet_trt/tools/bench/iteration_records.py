@@ -32,7 +32,7 @@ def step_windows(records: list[dict], clock: str) -> list[tuple[float, float]]:
     return [(r["t"], r["t"] + r["measured_ms"] / 1e3) for r in records]
 
 
-class _PrefillTimeline:
+class PrefillTimeline:
     """The prefill steps' windows of a log (one prefill at a time), to tell how much of another
     step's window a prefill ran in."""
 
@@ -68,7 +68,7 @@ def decode_steps_beside_prefills(records: list[dict]) -> tuple[int, list[TimedDe
     if not has_gpu_stamps(records):
         raise ValueError("the log has no GPU stamps (gpu_start_ns): the host's windows hold launch waits")
     windows = step_windows(records, "gpu")
-    prefills = _PrefillTimeline(records, windows)
+    prefills = PrefillTimeline(records, windows)
     total = max(r.get("decode_sms", 0) for r in records)
     return total, [TimedDecodeStep(r, (b - a) * 1e3, prefills.share(a, b))
                    for r, (a, b) in zip(records, windows) if r["phase"] == "decode"]
