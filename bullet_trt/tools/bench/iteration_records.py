@@ -32,6 +32,13 @@ def step_windows(records: list[dict], clock: str) -> list[tuple[float, float]]:
     return [(r["t"], r["t"] + r["measured_ms"] / 1e3) for r in records]
 
 
+def middle_span(windows: list[tuple[float, float]], middle: tuple[float, float]) -> tuple[float, float]:
+    """The ``middle`` fraction (e.g. (0.1, 0.9)) of the span the windows cover: a log's steady part,
+    without its ramp-up and drain."""
+    first, last = min(s for s, _ in windows), max(e for _, e in windows)
+    return first + (last - first) * middle[0], first + (last - first) * middle[1]
+
+
 class PrefillTimeline:
     """The prefill steps' windows of a log (one prefill at a time), to tell how much of another
     step's window a prefill ran in."""

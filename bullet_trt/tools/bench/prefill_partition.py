@@ -9,7 +9,7 @@ round's log, docs/benchmarks.md, thirty-first round). The ends of the log (ramp-
 drain) are left out, as in bench/sm_time.py."""
 from __future__ import annotations
 
-from bullet_trt.tools.bench.iteration_records import PrefillTimeline, step_windows
+from bullet_trt.tools.bench.iteration_records import PrefillTimeline, middle_span, step_windows
 from bullet_trt.tools.bench.metrics import percentiles
 
 
@@ -20,8 +20,7 @@ def prefill_partition(records: list[dict], clock: str = "gpu", middle: tuple[flo
     if not any(r.get("sms") for r in records):
         return None
     windows = step_windows(records, clock)
-    first, last = min(s for s, _ in windows), max(e for _, e in windows)
-    lo, hi = first + (last - first) * middle[0], first + (last - first) * middle[1]
+    lo, hi = middle_span(windows, middle)
     inside = [(r, (s, e)) for r, (s, e) in zip(records, windows) if r["phase"] == "prefill" and lo <= s < hi]
     if not inside:
         return None

@@ -8,7 +8,7 @@ A step that ran on the whole GPU beside a prefill (a split that lagged) counts t
 overlap, so a share can pass 100%. The ends of the log (ramp-up, drain) are left out."""
 from __future__ import annotations
 
-from bullet_trt.tools.bench.iteration_records import step_windows
+from bullet_trt.tools.bench.iteration_records import middle_span, step_windows
 
 
 def sm_time_shares(records: list[dict], clock: str = "gpu", middle: tuple[float, float] = (0.1, 0.9)) -> dict | None:
@@ -18,8 +18,7 @@ def sm_time_shares(records: list[dict], clock: str = "gpu", middle: tuple[float,
     if not total:
         return None
     windows = step_windows(records, clock)
-    first, last = min(s for s, _ in windows), max(e for _, e in windows)
-    lo, hi = first + (last - first) * middle[0], first + (last - first) * middle[1]
+    lo, hi = middle_span(windows, middle)
     held = {"prefill": 0.0, "decode": 0.0}
     for r, (start, end) in zip(records, windows):
         inside = min(end, hi) - max(start, lo)
