@@ -1,4 +1,4 @@
-"""GPU samples through NVML (nvidia-ml-py): utilization, SM clock and power.
+"""GPU samples through NVML (nvidia-ml-py): utilization, SM clock, power and energy.
 
 Two users: the orchestrator's iteration records (`GpuMonitor.sample`, one sample per
 iteration, reused within `min_interval_s`), and the serving benchmark (`TelemetrySampler`, a
@@ -66,6 +66,10 @@ def read_sample(nvml, handle) -> dict:
         pass
     try:
         out["power_w"] = round(nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, 1)
+    except Exception:  # noqa: BLE001
+        pass
+    try:  # millijoules since the driver loaded (Volta and later): a run's energy without sampling gaps
+        out["energy_j"] = round(nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0, 3)
     except Exception:  # noqa: BLE001
         pass
     try:

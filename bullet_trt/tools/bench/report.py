@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bullet_trt.tools.bench import capacity
+from bullet_trt.tools.bench.energy import tokens_per_joule
 from bullet_trt.tools.bench.misses import miss_causes, run_misses
 from bullet_trt.tools.bench.report_plots import plot_results
 from bullet_trt.tools.bench.results import RESULT_KIND, load_results
@@ -33,7 +34,8 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
     head = ["label", "dataset", "rate (req/s)", "seed", "done", "req/s", "out tok/s", "TTFT p50/p90/p99",
             "TPOT p50/p90/p99", "ITL p50/p90/p99", "E2E p50", "SLO attain.", "missed: failed / TTFT / TPOT only",
             "goodput (req/s)",
-            "last third: attain.", "last third: served / asked out tok/s", "SM clock / power / busy p50"]
+            "last third: attain.", "last third: served / asked out tok/s", "last third: out tok/J",
+            "SM clock / power / busy p50"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join("---" for _ in head) + "|")
     scored = []
@@ -54,7 +56,7 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
                "- (stopped)" if d.get("stopped_early") else f"{s['goodput']:.2f}",
                "-" if tail is None else f"{tail.tail_attainment * 100:.1f}%",
                "-" if tail is None else f"{tail.served_tok_s:.0f} / {tail.offered_tok_s:.0f}",
-               _telemetry_cell(d)]
+               _per_joule_cell(d, tail), _telemetry_cell(d)]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", capacity.markdown(capacity.capacities(scored))]
     lines += _engine_notes_section(docs)
@@ -115,7 +117,7 @@ def format_row(doc: dict) -> str:
             f"TTFT p50 {_ms(s['ttft_s']['p50'])} ms p99 {_ms(s['ttft_s']['p99'])} ms, "
             f"TPOT p50 {_ms(s['tpot_s']['p50'])} ms p99 {_ms(s['tpot_s']['p99'])} ms, "
             f"SLO attainment {s['slo_attainment'] * 100:.1f}%{_missed_text(doc)}, goodput {s['goodput']:.2f} req/s"
-            + _steady_state_text(doc) + _telemetry_text(doc))
+            + _steady_state_text(doc) + _telemetry_text(doc) + _per_joule_text(doc))
 
 
 def _missed_cell(doc: dict, s: dict) -> str:
@@ -146,6 +148,24 @@ def _steady_state_text(doc: dict) -> str:
         return ""
     return (f"; last third of arrivals: attainment {tail.tail_attainment * 100:.1f}%, "
             f"{tail.served_tok_s:.0f} out tok/s served of {tail.offered_tok_s:.0f} asked")
+
+
+def _per_joule(doc: dict, tail) -> float | None:
+    return None if tail is None else tokens_per_joule(doc, tail.served_tok_s, tail.window_s)
+
+
+def _per_joule_cell(doc: dict, tail) -> str:
+    per_joule = _per_joule(doc, tail)
+    return "-" if per_joule is None else f"{per_joule:.1f}"
+
+
+def _per_joule_text(doc: dict) -> str:
+    """Output tokens per joule over the last third: at capacity, what the mode makes of the GPU's
+    power (bullet_trt/tools/bench/energy.py)."""
+    s = doc["summary"]
+    tail = steady_state(doc, s["ttft_slo_s"], s["tpot_slo_s"]) if doc.get("requests") else None
+    per_joule = _per_joule(doc, tail)
+    return "" if per_joule is None else f"; last third: {per_joule:.1f} out tokens per joule"
 
 
 def _telemetry(doc: dict) -> dict | None:

@@ -38,6 +38,7 @@ class SteadyState:
     tail_attainment: float  # fraction of the last third's arrivals that met the SLO
     served_tok_s: float
     offered_tok_s: float
+    window_s: tuple[float, float]  # the last third, in seconds since the run's start
 
 
 def _attainment(reqs: list[dict], ttft_slo_s: float, tpot_slo_s: float) -> float:
@@ -71,7 +72,8 @@ def steady_state(doc: dict, ttft_slo_s: float, tpot_slo_s: float) -> SteadyState
     return SteadyState(
         tail_attainment=_attainment(tail, ttft_slo_s, tpot_slo_s),
         served_tok_s=served / span if span > 0 else 0.0,
-        offered_tok_s=offered / span if span > 0 else 0.0)
+        offered_tok_s=offered / span if span > 0 else 0.0,
+        window_s=(window_start, window_end))
 
 
 def _arrival_parts(doc: dict, windows: int) -> list[list[dict]]:
@@ -105,6 +107,7 @@ def median_by_window(doc: dict, key: str, windows: int) -> list[float | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bullet_trt.tools.bench.energy import tokens_per_joule
     from bullet_trt.tools.bench.results import load_result
 
     ap = argparse.ArgumentParser(prog="bullet-trt bench steady", description=__doc__.split("\n\n")[0])
@@ -124,13 +127,15 @@ def main(argv: list[str] | None = None) -> int:
         halves = attainment_by_window(doc, *slo, 2)
         tail = steady_state(doc, *slo)
         shown = " ".join("-" if a is None else f"{a * 100:.0f}" for a in parts)
+        per_joule = tokens_per_joule(doc, tail.served_tok_s, tail.window_s)
+        energy = "" if per_joule is None else f", {per_joule:.1f} per joule"
 
         def medians_ms(key: str) -> str:
             return " ".join("-" if m is None else f"{m * 1e3:.0f}" for m in median_by_window(doc, key, args.windows))
         print(f"{doc['label']} {doc['dataset']} {doc['rate']:g} req/s seed {doc.get('seed', 0)}: "
               f"attainment in {args.windows} parts of the arrivals {shown}; first half {halves[0] * 100:.1f}%, "
               f"whole {s['slo_attainment'] * 100:.1f}%; last third {tail.tail_attainment * 100:.1f}%, "
-              f"{tail.served_tok_s:.0f} of {tail.offered_tok_s:.0f} out tok/s served; "
+              f"{tail.served_tok_s:.0f} of {tail.offered_tok_s:.0f} out tok/s served{energy}; "
               f"TTFT p50 per part {medians_ms('ttft_s')} ms; TPOT p50 per part {medians_ms('tpot_s')} ms")
     return 0
 
