@@ -56,3 +56,37 @@ def test_a_run_whose_telemetry_stops_early_names_no_tokens_per_joule():
     tail = steady_state(doc, 1.0, 0.15)
     assert tokens_per_joule(doc, tail.served_tok_s, tail.window_s) is None
     assert "per joule" not in format_row(doc)
+
+
+def test_the_report_names_each_modes_tokens_per_joule_and_power_at_its_first_miss(tmp_path):
+    """Two labels alike per joule at different power: the report's capacity part lists both at their
+    first miss, the figures the benchmarks' power-bound reading rests on."""
+    from bullet_trt.tools.bench import datasets as ds
+    from bullet_trt.tools.bench.metrics import RequestRecord
+    from bullet_trt.tools.bench.report import markdown_table
+    from bullet_trt.tools.bench.results import write_result
+
+    def run(label, rate, ttft, watts):
+        w = ds.build_workload("sharegpt", rate, 30, seed=0, prompts=False)
+        records = []
+        for i in range(30):
+            times = [i + ttft + 0.1 * k for k in range(11)]
+            r = RequestRecord(i, float(i), 10, 11, sent_s=float(i), chunk_times=times, chunk_tokens=[1] * 11,
+                              end_s=times[-1], num_input_tokens=10, finished=True)
+            r.scheduled_s = float(i)
+            records.append(r)
+        samples = _power(lambda t: watts, until_s=40.0)
+        telemetry = {"summary": {"sm_clock_mhz": {"p50": 1980.0}, "power_w": {"p50": watts}}, "samples": samples}
+        return write_result(tmp_path, label=label, dataset="sharegpt", rate=rate, seed=0, backend="test",
+                            records=records, workload=w, ttft_slo_ms=1000.0, tpot_slo_ms=150.0,
+                            extra={"gpu_telemetry": telemetry})[1]
+
+    docs = [run("bullet", 1.0, 0.05, 700.0), run("bullet", 2.0, 3.0, 700.0),
+            run("chunked", 1.0, 0.05, 600.0), run("chunked", 2.0, 3.0, 600.0)]
+    md = markdown_table(docs)
+    section = md.split("At capacity")[1]
+    served = {d["label"]: steady_state(d, 1.0, 0.15).served_tok_s for d in docs if d["rate"] == 2.0}
+    assert f"| sharegpt | bullet | 2 | {served['bullet'] / 700.0:.1f} | 700 W |" in section
+    assert f"| sharegpt | chunked | 2 | {served['chunked'] / 600.0:.1f} | 600 W |" in section
+    # the runs' table carries each run's figure too
+    assert f"| {served['chunked'] / 600.0:.1f} | 1980 MHz / 600 W |" in md

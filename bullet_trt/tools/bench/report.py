@@ -4,6 +4,7 @@ files given, and the one-line summary printed after each run."""
 from __future__ import annotations
 
 from pathlib import Path
+from statistics import mean
 from typing import Sequence
 
 from bullet_trt.tools.bench import capacity
@@ -38,11 +39,12 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
             "SM clock / power / busy p50"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join("---" for _ in head) + "|")
-    scored = []
+    scored, per_joule = [], {}
     for d in docs:
         s = rescore(d, ttft_slo_ms, tpot_slo_ms)
         tail = steady_state(d, s["ttft_slo_s"], s["tpot_slo_s"])
         scored.append((d, s["slo_attainment"], tail and tail.tail_attainment))
+        per_joule[id(d)] = _per_joule(d, tail)
 
         def trio(key):
             v = s[key]
@@ -56,9 +58,11 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
                "- (stopped)" if d.get("stopped_early") else f"{s['goodput']:.2f}",
                "-" if tail is None else f"{tail.tail_attainment * 100:.1f}%",
                "-" if tail is None else f"{tail.served_tok_s:.0f} / {tail.offered_tok_s:.0f}",
-               _per_joule_cell(d, tail), _telemetry_cell(d)]
+               "-" if per_joule[id(d)] is None else f"{per_joule[id(d)]:.1f}", _telemetry_cell(d)]
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", capacity.markdown(capacity.capacities(scored))]
+    caps = capacity.capacities(scored)
+    lines += ["", capacity.markdown(caps)]
+    lines += _energy_at_capacity(docs, caps, per_joule)
     lines += _engine_notes_section(docs)
     notes = [(d["label"], d["dataset"], d["rate"], n) for d in docs for n in
              ([f"stopped early: {d['stopped_early']}"] if d.get("stopped_early") else []) + list(d.get("notes") or [])]
@@ -154,9 +158,24 @@ def _per_joule(doc: dict, tail) -> float | None:
     return None if tail is None else tokens_per_joule(doc, tail.served_tok_s, tail.window_s)
 
 
-def _per_joule_cell(doc: dict, tail) -> str:
-    per_joule = _per_joule(doc, tail)
-    return "-" if per_joule is None else f"{per_joule:.1f}"
+def _energy_at_capacity(docs: list[dict], caps: list[capacity.Capacity], per_joule: dict[int, float | None]) -> list[str]:
+    """Each label's output tokens per joule and median power at its first miss, where its runs
+    served what they could: two modes alike per joule serve in the ratio of the power they draw,
+    and a mode at the GPU's power cap has nowhere further to go (docs/benchmarks.md, "Tokens per
+    joule")."""
+    rows = []
+    for c in caps:
+        runs = [d for d in docs if (d["dataset"], d["label"]) == (c.dataset, c.label)
+                and c.first_miss is not None and float(d["rate"]) == c.first_miss]
+        joules = [per_joule[id(d)] for d in runs if per_joule[id(d)] is not None]
+        watts = [_telemetry(d)["power_w"]["p50"] for d in runs if _telemetry(d)]
+        if joules and watts:
+            rows.append(f"| {c.dataset} | {c.label} | {c.first_miss:g} | {mean(joules):.1f} | {mean(watts):.0f} W |")
+    if not rows:
+        return []
+    return ["", "At capacity (each label's first miss, mean over its runs there): output tokens per joule over the "
+            "last third, and the GPU's median power while requests arrived.", "",
+            "| dataset | label | first miss (req/s) | out tok/J | power p50 |", "|---|---|---|---|---|"] + rows
 
 
 def _per_joule_text(doc: dict) -> str:
