@@ -439,6 +439,21 @@ def test_bench_steady_shows_where_in_its_arrivals_a_run_stopped_keeping_up(tmp_p
     assert "TTFT p50 per part 50 50 50 ms; TPOT p50 per part 100 100 100 ms" in out
 
 
+def test_streaming_rows_weigh_each_count_by_how_long_it_lasted():
+    from bullet_trt.tools.bench.steady_state import streaming_rows
+
+    def streams(*spans):
+        return {"requests": [{"sent_s": a, "ttft_s": 0.0, "e2e_s": b - a} for a, b in spans]}
+    # one stream over the whole window, a second over its last 3 s of 10: 1 for 70% of the time, 2 for 30%
+    doc = streams((0.0, 10.0), (7.0, 12.0))
+    assert streaming_rows(doc, (0.0, 10.0)) == (1.0, 2.0)
+    assert streaming_rows(doc, (7.5, 9.5)) == (2.0, 2.0)  # both stream throughout
+    # a request that never ended is not counted; nothing streaming at all gives nothing
+    doc["requests"].append({"sent_s": 0.0, "ttft_s": 0.1, "e2e_s": None})
+    assert streaming_rows(doc, (0.0, 10.0)) == (1.0, 2.0)
+    assert streaming_rows(streams((0.0, 1.0)), (2.0, 3.0)) is None
+
+
 def test_bench_steady_shows_a_tpot_still_climbing_when_the_arrivals_stopped(tmp_path):
     from bullet_trt.tools.bench.results import write_result
     from bullet_trt.tools.bench.steady_state import median_by_window

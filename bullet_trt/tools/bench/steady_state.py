@@ -76,6 +76,43 @@ def steady_state(doc: dict, ttft_slo_s: float, tpot_slo_s: float) -> SteadyState
         window_s=(window_start, window_end))
 
 
+def streaming_rows(doc: dict, window_s: tuple[float, float]) -> tuple[float, float] | None:
+    """The number of requests streaming at once (between their first token and their end:
+    the server's decoding rows, as the client saw them) over ``window_s``, weighted by time:
+    (p50, p90), or None where no request streamed then. A server whose decode batch is capped
+    (decode.max_num_seqs) shows these pinned just under the cap once its queue grows. Requests
+    that never ended (a run cut short, a collapse) have no end time and are not counted."""
+    start, end = window_s
+    events = []
+    for r in doc.get("requests") or []:
+        if r.get("sent_s") is None or r.get("ttft_s") is None or r.get("e2e_s") is None:
+            continue
+        events += [(r["sent_s"] + r["ttft_s"], 1), (r["sent_s"] + r["e2e_s"], -1)]
+    events.sort()
+    level, at, time_at_level = 0, start, {}
+    for t, step in events:
+        if t > start:
+            span = min(t, end) - at
+            if span > 0:
+                time_at_level[level] = time_at_level.get(level, 0.0) + span
+            at = max(at, min(t, end))
+        level += step
+    if end > at:
+        time_at_level[level] = time_at_level.get(level, 0.0) + end - at
+    total = sum(time_at_level.values())
+    if total <= 0 or not any(time_at_level.get(n) for n in time_at_level if n > 0):
+        return None
+
+    def quantile(q: float) -> float:
+        seen = 0.0
+        for n in sorted(time_at_level):
+            seen += time_at_level[n]
+            if seen >= q * total:
+                return float(n)
+        return float(max(time_at_level))
+    return quantile(0.5), quantile(0.9)
+
+
 def _arrival_parts(doc: dict, windows: int) -> list[list[dict]]:
     """The run's requests by the one of `windows` equal parts of the arrival window they were
     scheduled in."""
@@ -129,13 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         shown = " ".join("-" if a is None else f"{a * 100:.0f}" for a in parts)
         per_joule = tokens_per_joule(doc, tail.served_tok_s, tail.window_s)
         energy = "" if per_joule is None else f", {per_joule:.1f} per joule"
+        rows = streaming_rows(doc, tail.window_s)
+        streaming = "" if rows is None else f", {rows[0]:.0f} / {rows[1]:.0f} streaming at once (p50 / p90)"
 
         def medians_ms(key: str) -> str:
             return " ".join("-" if m is None else f"{m * 1e3:.0f}" for m in median_by_window(doc, key, args.windows))
         print(f"{doc['label']} {doc['dataset']} {doc['rate']:g} req/s seed {doc.get('seed', 0)}: "
               f"attainment in {args.windows} parts of the arrivals {shown}; first half {halves[0] * 100:.1f}%, "
               f"whole {s['slo_attainment'] * 100:.1f}%; last third {tail.tail_attainment * 100:.1f}%, "
-              f"{tail.served_tok_s:.0f} of {tail.offered_tok_s:.0f} out tok/s served{energy}; "
+              f"{tail.served_tok_s:.0f} of {tail.offered_tok_s:.0f} out tok/s served{energy}{streaming}; "
               f"TTFT p50 per part {medians_ms('ttft_s')} ms; TPOT p50 per part {medians_ms('tpot_s')} ms")
     return 0
 
