@@ -48,7 +48,7 @@ def test_tokens_per_joule_divides_the_last_thirds_tokens_by_its_energy():
     assert tail.served_tok_s == pytest.approx(11.0, rel=0.1)
     # 500 W over the whole window (the 1000 W stretch lies before it)
     assert tokens_per_joule(doc, tail.served_tok_s, tail.window_s) == pytest.approx(tail.served_tok_s / 500.0)
-    assert format_row(doc).endswith(f"; last third: {tail.served_tok_s / 500.0:.1f} out tokens per joule")
+    assert f"1 / 1 streaming at once (p50 / p90), {tail.served_tok_s / 500.0:.1f} out tokens per joule" in format_row(doc)
 
 
 def test_a_run_whose_telemetry_stops_early_names_no_tokens_per_joule():

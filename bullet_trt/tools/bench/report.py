@@ -13,7 +13,7 @@ from bullet_trt.tools.bench.misses import miss_causes, run_misses
 from bullet_trt.tools.bench.report_plots import plot_results
 from bullet_trt.tools.bench.results import RESULT_KIND, load_results
 from bullet_trt.tools.bench.scoring import rescore
-from bullet_trt.tools.bench.steady_state import steady_state
+from bullet_trt.tools.bench.steady_state import steady_state, streaming_rows
 
 
 def _ms(x) -> str:
@@ -121,7 +121,7 @@ def format_row(doc: dict) -> str:
             f"TTFT p50 {_ms(s['ttft_s']['p50'])} ms p99 {_ms(s['ttft_s']['p99'])} ms, "
             f"TPOT p50 {_ms(s['tpot_s']['p50'])} ms p99 {_ms(s['tpot_s']['p99'])} ms, "
             f"SLO attainment {s['slo_attainment'] * 100:.1f}%{_missed_text(doc)}, goodput {s['goodput']:.2f} req/s"
-            + _steady_state_text(doc) + _telemetry_text(doc) + _per_joule_text(doc))
+            + _steady_state_text(doc) + _telemetry_text(doc))
 
 
 def _missed_cell(doc: dict, s: dict) -> str:
@@ -150,11 +150,17 @@ def _steady_state_text(doc: dict) -> str:
     tail = steady_state(doc, s["ttft_slo_s"], s["tpot_slo_s"]) if doc.get("requests") else None
     if tail is None:
         return ""
+    rows = streaming_rows(doc, tail.window_s)
+    streaming = "" if rows is None else f", {rows[0]:.0f} / {rows[1]:.0f} streaming at once (p50 / p90)"
+    per_joule = _per_joule(doc, tail)
+    energy = "" if per_joule is None else f", {per_joule:.1f} out tokens per joule"
     return (f"; last third of arrivals: attainment {tail.tail_attainment * 100:.1f}%, "
-            f"{tail.served_tok_s:.0f} out tok/s served of {tail.offered_tok_s:.0f} asked")
+            f"{tail.served_tok_s:.0f} out tok/s served of {tail.offered_tok_s:.0f} asked" + streaming + energy)
 
 
 def _per_joule(doc: dict, tail) -> float | None:
+    """Output tokens per joule over the last third: at capacity, what the mode makes of the GPU's
+    power (bullet_trt/tools/bench/energy.py)."""
     return None if tail is None else tokens_per_joule(doc, tail.served_tok_s, tail.window_s)
 
 
@@ -176,15 +182,6 @@ def _energy_at_capacity(docs: list[dict], caps: list[capacity.Capacity], per_jou
     return ["", "At capacity (each label's first miss, mean over its runs there): output tokens per joule over the "
             "last third, and the GPU's median power while requests arrived.", "",
             "| dataset | label | first miss (req/s) | out tok/J | power p50 |", "|---|---|---|---|---|"] + rows
-
-
-def _per_joule_text(doc: dict) -> str:
-    """Output tokens per joule over the last third: at capacity, what the mode makes of the GPU's
-    power (bullet_trt/tools/bench/energy.py)."""
-    s = doc["summary"]
-    tail = steady_state(doc, s["ttft_slo_s"], s["tpot_slo_s"]) if doc.get("requests") else None
-    per_joule = _per_joule(doc, tail)
-    return "" if per_joule is None else f"; last third: {per_joule:.1f} out tokens per joule"
 
 
 def _telemetry(doc: dict) -> dict | None:
