@@ -48,6 +48,6 @@ def tokens_per_joule(doc: dict, served_tok_s: float, window_s: tuple[float, floa
     samples = (doc.get("gpu_telemetry") or {}).get("samples") or []
     start, end = window_s
     joules = energy_between(samples, start, end)
-    if not joules or joules <= 0:
+    if joules is None or joules <= 0:
         return None
     return served_tok_s * (end - start) / joules

@@ -8,12 +8,11 @@ from statistics import mean
 from typing import Sequence
 
 from bullet_trt.tools.bench import capacity
-from bullet_trt.tools.bench.energy import tokens_per_joule
 from bullet_trt.tools.bench.misses import miss_causes, run_misses
 from bullet_trt.tools.bench.report_plots import plot_results
 from bullet_trt.tools.bench.results import RESULT_KIND, load_results
 from bullet_trt.tools.bench.scoring import rescore
-from bullet_trt.tools.bench.steady_state import steady_state, streaming_rows
+from bullet_trt.tools.bench.steady_state import steady_state, tail_tokens_per_joule, tail_use_text
 
 
 def _ms(x) -> str:
@@ -44,7 +43,7 @@ def markdown_table(docs: list[dict], ttft_slo_ms: float | None = None, tpot_slo_
         s = rescore(d, ttft_slo_ms, tpot_slo_ms)
         tail = steady_state(d, s["ttft_slo_s"], s["tpot_slo_s"])
         scored.append((d, s["slo_attainment"], tail and tail.tail_attainment))
-        per_joule[id(d)] = _per_joule(d, tail)
+        per_joule[id(d)] = tail_tokens_per_joule(d, tail)
 
         def trio(key):
             v = s[key]
@@ -150,18 +149,8 @@ def _steady_state_text(doc: dict) -> str:
     tail = steady_state(doc, s["ttft_slo_s"], s["tpot_slo_s"]) if doc.get("requests") else None
     if tail is None:
         return ""
-    rows = streaming_rows(doc, tail.window_s)
-    streaming = "" if rows is None else f", {rows[0]:.0f} / {rows[1]:.0f} streaming at once (p50 / p90)"
-    per_joule = _per_joule(doc, tail)
-    energy = "" if per_joule is None else f", {per_joule:.1f} out tokens per joule"
     return (f"; last third of arrivals: attainment {tail.tail_attainment * 100:.1f}%, "
-            f"{tail.served_tok_s:.0f} out tok/s served of {tail.offered_tok_s:.0f} asked" + streaming + energy)
-
-
-def _per_joule(doc: dict, tail) -> float | None:
-    """Output tokens per joule over the last third: at capacity, what the mode makes of the GPU's
-    power (bullet_trt/tools/bench/energy.py)."""
-    return None if tail is None else tokens_per_joule(doc, tail.served_tok_s, tail.window_s)
+            f"{tail.served_tok_s:.0f} out tok/s served of {tail.offered_tok_s:.0f} asked" + tail_use_text(doc, tail))
 
 
 def _energy_at_capacity(docs: list[dict], caps: list[capacity.Capacity], per_joule: dict[int, float | None]) -> list[str]:
@@ -171,10 +160,11 @@ def _energy_at_capacity(docs: list[dict], caps: list[capacity.Capacity], per_jou
     joule")."""
     rows = []
     for c in caps:
-        runs = [d for d in docs if (d["dataset"], d["label"]) == (c.dataset, c.label)
-                and c.first_miss is not None and float(d["rate"]) == c.first_miss]
+        if c.first_miss is None:
+            continue
+        runs = [d for d in docs if (d["dataset"], d["label"], float(d["rate"])) == (c.dataset, c.label, c.first_miss)]
         joules = [per_joule[id(d)] for d in runs if per_joule[id(d)] is not None]
-        watts = [_telemetry(d)["power_w"]["p50"] for d in runs if _telemetry(d)]
+        watts = [t["power_w"]["p50"] for t in map(_telemetry, runs) if t]
         if joules and watts:
             rows.append(f"| {c.dataset} | {c.label} | {c.first_miss:g} | {mean(joules):.1f} | {mean(watts):.0f} W |")
     if not rows:

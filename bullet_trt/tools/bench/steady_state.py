@@ -28,6 +28,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 
+from bullet_trt.tools.bench.energy import tokens_per_joule
 from bullet_trt.tools.bench.metrics import slo_attainment
 
 TAIL_FRACTION = 1 / 3
@@ -100,7 +101,7 @@ def streaming_rows(doc: dict, window_s: tuple[float, float]) -> tuple[float, flo
     if end > at:
         time_at_level[level] = time_at_level.get(level, 0.0) + end - at
     total = sum(time_at_level.values())
-    if total <= 0 or not any(time_at_level.get(n) for n in time_at_level if n > 0):
+    if not any(n > 0 and spent > 0 for n, spent in time_at_level.items()):
         return None
 
     def quantile(q: float) -> float:
@@ -111,6 +112,21 @@ def streaming_rows(doc: dict, window_s: tuple[float, float]) -> tuple[float, flo
                 return float(n)
         return float(max(time_at_level))
     return quantile(0.5), quantile(0.9)
+
+
+def tail_tokens_per_joule(doc: dict, tail: SteadyState | None) -> float | None:
+    """Output tokens per joule over the last third (bullet_trt/tools/bench/energy.py), where the
+    run has GPU telemetry over it."""
+    return None if tail is None else tokens_per_joule(doc, tail.served_tok_s, tail.window_s)
+
+
+def tail_use_text(doc: dict, tail: SteadyState) -> str:
+    """", N / M streaming at once (p50 / p90), X out tokens per joule" for the last third, each
+    part where the run has it: how many decode rows the server ran, and what it made of the power."""
+    rows = streaming_rows(doc, tail.window_s)
+    per_joule = tail_tokens_per_joule(doc, tail)
+    return (("" if rows is None else f", {rows[0]:.0f} / {rows[1]:.0f} streaming at once (p50 / p90)")
+            + ("" if per_joule is None else f", {per_joule:.1f} out tokens per joule"))
 
 
 def _arrival_parts(doc: dict, windows: int) -> list[list[dict]]:
@@ -144,7 +160,6 @@ def median_by_window(doc: dict, key: str, windows: int) -> list[float | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bullet_trt.tools.bench.energy import tokens_per_joule
     from bullet_trt.tools.bench.results import load_result
 
     ap = argparse.ArgumentParser(prog="bullet-trt bench steady", description=__doc__.split("\n\n")[0])
@@ -164,17 +179,13 @@ def main(argv: list[str] | None = None) -> int:
         halves = attainment_by_window(doc, *slo, 2)
         tail = steady_state(doc, *slo)
         shown = " ".join("-" if a is None else f"{a * 100:.0f}" for a in parts)
-        per_joule = tokens_per_joule(doc, tail.served_tok_s, tail.window_s)
-        energy = "" if per_joule is None else f", {per_joule:.1f} per joule"
-        rows = streaming_rows(doc, tail.window_s)
-        streaming = "" if rows is None else f", {rows[0]:.0f} / {rows[1]:.0f} streaming at once (p50 / p90)"
 
         def medians_ms(key: str) -> str:
             return " ".join("-" if m is None else f"{m * 1e3:.0f}" for m in median_by_window(doc, key, args.windows))
         print(f"{doc['label']} {doc['dataset']} {doc['rate']:g} req/s seed {doc.get('seed', 0)}: "
               f"attainment in {args.windows} parts of the arrivals {shown}; first half {halves[0] * 100:.1f}%, "
               f"whole {s['slo_attainment'] * 100:.1f}%; last third {tail.tail_attainment * 100:.1f}%, "
-              f"{tail.served_tok_s:.0f} of {tail.offered_tok_s:.0f} out tok/s served{energy}{streaming}; "
+              f"{tail.served_tok_s:.0f} of {tail.offered_tok_s:.0f} out tok/s served{tail_use_text(doc, tail)}; "
               f"TTFT p50 per part {medians_ms('ttft_s')} ms; TPOT p50 per part {medians_ms('tpot_s')} ms")
     return 0
 
