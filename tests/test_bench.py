@@ -263,6 +263,19 @@ def _fake_run(out_dir, label, rate, ttft, seed=0, late=0):
                         records=records, workload=w, ttft_slo_ms=100.0, tpot_slo_ms=50.0)
 
 
+def test_labels_spelling_long_settings_name_distinct_files(tmp_path):
+    """The failure this guards: a label naming every CUDA-graph size and prefill piece made a
+    file name past the file system's 255 bytes, and the benchmark died before serving."""
+    from bullet_trt.tools.bench.results import SLUG_MAX_CHARS, load_results
+    graphs = ",".join(str(n) for n in range(8, 1544, 8))
+    labels = [f"moe-chunked-3072-cuda_graph_batch_sizes=[{graphs}]-piecewise_graph_tokens=[{end}]-chunked"
+              for end in ("2048,3072", "2048,4096")]
+    paths = [_fake_run(tmp_path, label, 1.0, 0.05)[0] for label in labels]
+    assert paths[0] != paths[1]
+    assert all(len(p.name) < 255 and len(p.name.split("__")[0]) <= SLUG_MAX_CHARS for p in paths)
+    assert sorted(d["label"] for d in load_results(tmp_path)) == sorted(labels)
+
+
 def test_report_table_plots_and_compare(tmp_path, capsys):
     from bullet_trt.tools.bench import serve_bench
     _fake_run(tmp_path, "chunked", 1.0, 0.05)

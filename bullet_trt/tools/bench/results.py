@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gzip
+import hashlib
 import json
 import lzma
 import os
@@ -20,8 +21,19 @@ from bullet_trt.tools.bench.metrics import RequestRecord, summarize
 RESULT_KIND = "bullet_trt.serve_bench"
 
 
+# A label spelling out long settings (every CUDA-graph size) must still name files: a path
+# component holds 255 bytes, and the round's archive adds its own suffixes to these names.
+SLUG_MAX_CHARS = 150
+
+
 def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
+    """``text`` as a file-name part; past SLUG_MAX_CHARS cut and ended by a digest of the whole
+    text, so two long labels that share their start still name different files."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
+    if len(name) <= SLUG_MAX_CHARS:
+        return name
+    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+    return f"{name[:SLUG_MAX_CHARS - len(digest) - 1].rstrip('-')}-{digest}"
 
 
 def dataset_name(dataset: str) -> str:

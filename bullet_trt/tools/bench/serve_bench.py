@@ -13,7 +13,8 @@
     bullet-trt bench serve --compare results/
 
 Every run (one label, one dataset, one rate, one seed) writes
-``<label>__<dataset>__rate<r>.json`` (``…__seed<s>.json`` for seeds other than 0); with
+``<label>__<dataset>__rate<r>.json`` (``…__seed<s>.json`` for seeds other than 0; a label
+longer than 150 characters is cut and ended by a digest of the whole); with
 ``--repeats N`` each rate runs N times with seeds seed … seed+N-1 (other arrivals and
 lengths, same distribution). After each run ``summary.md`` and the plots are rebuilt from ALL
 JSON files in the output directory, so runs of several modes (and of the transformers peer,
