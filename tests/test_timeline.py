@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bullet_trt.tools.bench.timeline import main, timeline_report
+from bullet_trt.tools.bench.timeline import main, markdown, timeline_report
 
 
 def prefill(t: float, prompts: int, tokens: int, ms: float, sms: int, decode_sms: int, predicted: float) -> dict:
@@ -68,3 +68,39 @@ def test_an_empty_log_or_window_is_a_clear_error(tmp_path, capsys):
     path.write_text(json.dumps(decode(0.0, 1, 5.0, 132)) + "\n")
     assert main([str(path), "--window", "0"]) == 2
     assert "--window must be > 0" in capsys.readouterr().err
+
+
+def stamped(record: dict, start_s: float, gpu_ms: float, predicted: float | None = None) -> dict:
+    record = dict(record, gpu_start_ns=int(start_s * 1e9), gpu_end_ns=int((start_s + gpu_ms / 1e3) * 1e9))
+    if predicted is not None:
+        record["predicted_ms"] = predicted
+    return record
+
+
+def test_decode_steps_against_their_prediction_per_band_of_rows_and_place():
+    """A prefill on 32 SMs runs from 0 to 1 s; decode on the other 100 runs 1.1x its prediction
+    beside it, as predicted after it; on the whole GPU it runs 0.9x. A step half beside the
+    prefill is left out: its prediction means neither."""
+    log = [stamped(prefill(0.0, 8, 2000, 1000.0, 32, 100, 900.0), 0.0, 1000.0)]
+    log += [stamped(decode(0.04 * i, 1100, 44.0, 100), 0.04 * i, 44.0, 40.0) for i in range(20)]  # 0-0.84 s
+    log += [stamped(decode(0.98, 1100, 40.0, 100), 0.98, 40.0, 40.0)]  # half beside it
+    log += [stamped(decode(1.1 + 0.04 * i, 1100, 40.0, 100), 1.1 + 0.04 * i, 40.0, 40.0) for i in range(12)]
+    log += [stamped(decode(2.0 + 0.03 * i, 300, 18.0, 132), 2.0 + 0.03 * i, 18.0, 20.0) for i in range(15)]
+    report = timeline_report(log, min_steps=10)
+    table = {(d["rows"], d["place"]): d for d in report["decode_predictions"]}
+    assert set(table) == {("1024-1279", "partition, beside a prefill"), ("1024-1279", "partition, alone"),
+                          ("256-511", "whole GPU, alone")}
+    beside = table[("1024-1279", "partition, beside a prefill")]
+    assert beside["steps"] == 20 and beside["gpu_over_predicted_p50"] == pytest.approx(1.1, rel=1e-3)
+    assert table[("1024-1279", "partition, alone")]["steps"] == 12
+    assert table[("1024-1279", "partition, alone")]["gpu_over_predicted_p50"] == pytest.approx(1.0, rel=1e-3)
+    assert table[("256-511", "whole GPU, alone")]["gpu_over_predicted_p50"] == pytest.approx(0.9, rel=1e-3)
+    assert "| 1024-1279 | partition, beside a prefill | 20 | 100 |" in markdown(report)
+
+
+def test_a_log_without_gpu_stamps_has_no_decode_prediction_table(capsys):
+    report = timeline_report(run_log())
+    assert report["decode_predictions"] == [] and not report["gpu_stamps"]
+    assert "| no GPU stamps in the log |" in markdown(report)
+    with pytest.raises(ValueError, match="--rows-band must be > 0"):
+        timeline_report(run_log(), rows_band=0)

@@ -1,7 +1,8 @@
 """`bullet-trt bench timeline`: a bullet run's two phases over time, and what its prefill batches
 cost beside decode, read from an iteration log (serve.iteration_log).
 
-    bullet-trt bench timeline iterations.jsonl[.gz|.xz] [--window 10] [--min-batches 10] [--json]
+    bullet-trt bench timeline iterations.jsonl[.gz|.xz] [--window 10] [--min-batches 10]
+                              [--rows-band 256] [--min-steps 10] [--json]
 
 Where a run fails, the question is which phase ran out first. Per window of `--window` seconds
 from the log's first step: the prefill worker's batches (their prompts, tokens, time, its SMs, and
@@ -13,14 +14,19 @@ Then, per prefill SM count, a straight line through the batches that ran beside 
 ms against tokens. Its slope is what a token costs there, its intercept what a batch costs
 whatever its size (on an MoE model, about the time to stream every expert beside decode's own
 stream); the measured time over the performance model's prediction says how well the split was
-planned. Only the log is read: a GPU's stamps are not needed.
+planned. With the GPU's stamps in the log, the same for decode: per band of `--rows-band` rows and
+per place (on a partition alone or beside a prefill, on the whole GPU alone), the steps' GPU time
+over their prediction. Decode's plan keeps TPOT only if that ratio stays near 1 at the rows the
+run reached, including rows past those its calibration measured.
 """
 from __future__ import annotations
 
 import statistics
 import sys
 
-from bullet_trt.tools.bench.iteration_records import load, log_reader_parser, print_report
+from bullet_trt.tools.bench.iteration_records import (BESIDE_A_PREFILL, WITHOUT_A_PREFILL,
+                                                      decode_steps_beside_prefills, has_gpu_stamps, load,
+                                                      log_reader_parser, print_report)
 
 
 def _median(values: list[float]) -> float | None:
@@ -78,11 +84,51 @@ def prefill_fits(records: list[dict], min_batches: int) -> list[dict]:
     return fits
 
 
-def timeline_report(records: list[dict], window_s: float = 10.0, min_batches: int = 10) -> dict:
+def _decode_place(sms: int, total: int, prefill_share: float) -> str | None:
+    """Where a decode step ran, for the steps whose prediction holds one meaning: on the whole GPU
+    with no prefill, or on a partition with a prefill beside it for none or all of its window."""
+    if sms == total:
+        return "whole GPU, alone" if prefill_share <= WITHOUT_A_PREFILL else None
+    if prefill_share <= WITHOUT_A_PREFILL:
+        return "partition, alone"
+    return "partition, beside a prefill" if prefill_share >= BESIDE_A_PREFILL else None
+
+
+def decode_predictions(records: list[dict], rows_band: int, min_steps: int) -> list[dict]:
+    """Per band of rows and place, the decode steps' GPU time (the log's stamps) over the
+    performance model's prediction; empty for a log without stamps, whose host windows hold
+    launch waits."""
+    if rows_band <= 0:
+        raise ValueError(f"--rows-band must be > 0 rows, got {rows_band}")
+    if not has_gpu_stamps(records):
+        return []
+    total, steps = decode_steps_beside_prefills(records)
+    groups: dict[tuple[int, str], list] = {}
+    for step in steps:
+        r = step.record
+        place = _decode_place(r["decode_sms"], total, step.prefill_share)
+        if place and r.get("predicted_ms"):
+            groups.setdefault((r["batch"] // rows_band * rows_band, place), []).append(step)
+    rows = []
+    for (low, place), group in sorted(groups.items()):
+        if len(group) < min_steps:
+            continue
+        rows.append({"rows": f"{low}-{low + rows_band - 1}", "place": place, "steps": len(group),
+                     "decode_sms_p50": _median([s.record["decode_sms"] for s in group]),
+                     "gpu_ms_p50": _median([s.gpu_ms for s in group]),
+                     "predicted_ms_p50": _median([s.record["predicted_ms"] for s in group]),
+                     "gpu_over_predicted_p50": _median([s.gpu_ms / s.record["predicted_ms"] for s in group])})
+    return rows
+
+
+def timeline_report(records: list[dict], window_s: float = 10.0, min_batches: int = 10,
+                    rows_band: int = 256, min_steps: int = 10) -> dict:
     if not records:
         raise ValueError("the log holds no steps")
     return {"window_s": window_s, "windows": windows_report(records, window_s),
-            "prefill_fits": prefill_fits(records, min_batches)}
+            "prefill_fits": prefill_fits(records, min_batches),
+            "gpu_stamps": has_gpu_stamps(records), "rows_band": rows_band,
+            "decode_predictions": decode_predictions(records, rows_band, min_steps)}
 
 
 def _cell(value) -> str:
@@ -106,6 +152,15 @@ def markdown(report: dict) -> str:
                      f"| {f['ms_per_batch']} | {_cell(f['measured_over_predicted_p50'])} |")
     if not report["prefill_fits"]:
         lines.append("| no SM count with enough batches of differing sizes beside decode | | | | | |")
+    lines += ["", f"Decode steps against the performance model, per {report['rows_band']} rows (GPU time from the log's stamps):",
+              "", "| rows | where | steps | decode SMs p50 | GPU ms p50 | predicted ms p50 | GPU / predicted p50 |",
+              "|---|---|---|---|---|---|---|"]
+    for d in report["decode_predictions"]:
+        lines.append(f"| {d['rows']} | {d['place']} | {d['steps']} | {_cell(d['decode_sms_p50'])} | {_cell(d['gpu_ms_p50'])} "
+                     f"| {_cell(d['predicted_ms_p50'])} | {_cell(d['gpu_over_predicted_p50'])} |")
+    if not report["decode_predictions"]:
+        why = "enough predicted steps in one band and place" if report["gpu_stamps"] else "GPU stamps in the log"
+        lines.append(f"| no {why} | | | | | | |")
     return "\n".join(lines)
 
 
@@ -114,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, default=10.0, help="seconds a row of the timeline spans (default 10)")
     ap.add_argument("--min-batches", type=int, default=10,
                     help="prefill batches an SM count needs for its line (default 10)")
+    ap.add_argument("--rows-band", type=int, default=256, help="decode rows a row of the prediction table spans (default 256)")
+    ap.add_argument("--min-steps", type=int, default=10, help="decode steps a band and place need for their row (default 10)")
     args = ap.parse_args(argv)
-    return print_report("bench timeline", lambda: timeline_report(load(args.log), args.window, args.min_batches),
+    return print_report("bench timeline", lambda: timeline_report(load(args.log), args.window, args.min_batches,
+                                                                  args.rows_band, args.min_steps),
                         markdown, args.json)
 
 
