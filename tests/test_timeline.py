@@ -98,7 +98,7 @@ def test_decode_steps_against_their_prediction_per_band_of_rows_and_place():
     assert "| 1024-1279 | partition, beside a prefill | 20 | 100 |" in markdown(report)
 
 
-def test_a_log_without_gpu_stamps_has_no_decode_prediction_table(capsys):
+def test_a_log_without_gpu_stamps_has_no_decode_prediction_table():
     report = timeline_report(run_log())
     assert report["decode_predictions"] == [] and not report["gpu_stamps"]
     assert "| no GPU stamps in the log |" in markdown(report)
