@@ -202,15 +202,23 @@ def _product(a, b, SWAP_AB: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constex
 
 @triton.jit
 def _scaled_product(a, b, s, a_s, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr, PREC: tl.constexpr,
-                    UPCAST: tl.constexpr):
+                    UPCAST: tl.constexpr, ONE_SCALE: tl.constexpr):
     """_product of FP8 weights ``b``, each column scaled by ``s``: converted to a's dtype, or with
     A_FP8, where ``a`` is FP8 too, multiplied as they are (the tensor cores' FP8 rate) and each
-    row scaled by ``a_s``."""
+    row scaled by ``a_s``. ONE_SCALE: ``s`` is one value for the whole tile, folded into the
+    rows' scales, so the tile is multiplied once."""
     if A_FP8:
         c = _product(a, b, SWAP_AB, PREC, UPCAST)
     else:
         c = _product(a, b.to(a.dtype), SWAP_AB, PREC, UPCAST)
-    if SWAP_AB:
+    if ONE_SCALE:
+        if not A_FP8:
+            c = c * s
+        elif SWAP_AB:
+            c = c * (a_s * s)[None, :]
+        else:
+            c = c * (a_s * s)[:, None]
+    elif SWAP_AB:
         c = c * s[:, None]
         if A_FP8:
             c = c * a_s[None, :]
@@ -305,7 +313,8 @@ def _moe_gemm_kernel(A, B, C, W, S, AS, SORTED, BLOCK_EXPERT, NUM_PADDED,
                      A_ROWS_PER_ID: tl.constexpr, GATE_UP: tl.constexpr, WEIGHTED: tl.constexpr,
                      FP8_BLOCK: tl.constexpr, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     GROUP_M: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+                     GROUP_M: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+                     ONE_SCALE: tl.constexpr):
     """C[id] = A[id // A_ROWS_PER_ID] @ B[expert]^T for the sorted ids of one block: with
     GATE_UP, B's rows n and N + n are gate and up and C gets silu(gate) * up; with WEIGHTED,
     C is scaled by W[id]. Last dims are contiguous. FP8_BLOCK > 0: B is FP8 with a float32
@@ -315,7 +324,9 @@ def _moe_gemm_kernel(A, B, C, W, S, AS, SORTED, BLOCK_EXPERT, NUM_PADDED,
     columns (its activations rounded per token). SWAP_AB computes C^T = B A^T: the weights,
     which FP8 converts in registers, become the dot's first operand (Hopper's wgmma reads that
     one from registers, the second only from shared memory), and a block's few rows its narrow
-    side."""
+    side. ONE_SCALE: the tile's BLOCK_N columns lie in one scale block (BLOCK_N divides
+    FP8_BLOCK), so each K step loads one weight scale, not a vector of BLOCK_N equal ones held
+    in registers."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(num_rows, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -348,7 +359,10 @@ def _moe_gemm_kernel(A, B, C, W, S, AS, SORTED, BLOCK_EXPERT, NUM_PADDED,
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if FP8_BLOCK:
-        s_ptrs = S + expert * stride_se + (cols // FP8_BLOCK) * stride_sn
+        if ONE_SCALE:
+            s_ptrs = S + expert * stride_se + (pid_n * BLOCK_N // FP8_BLOCK) * stride_sn
+        else:
+            s_ptrs = S + expert * stride_se + (cols // FP8_BLOCK) * stride_sn
         # the up's scale rows start after the gate's ceil(N / FP8_BLOCK)
         s_up_ptrs = s_ptrs + tl.cdiv(N, FP8_BLOCK) * stride_sn
     for k0 in range(0, K, BLOCK_K):
@@ -361,19 +375,25 @@ def _moe_gemm_kernel(A, B, C, W, S, AS, SORTED, BLOCK_EXPERT, NUM_PADDED,
             b_mask = kmask[:, None] & cmask[None, :]
         b = tl.load(b_ptrs, mask=b_mask, other=0.0)
         if FP8_BLOCK:
-            s = tl.load(s_ptrs + k0 // FP8_BLOCK, mask=cmask, other=0.0)
+            if ONE_SCALE:
+                s = tl.load(s_ptrs + k0 // FP8_BLOCK)
+            else:
+                s = tl.load(s_ptrs + k0 // FP8_BLOCK, mask=cmask, other=0.0)
             if A_FP8:
                 a_s = tl.load(AS + rows * stride_asm + k0 // FP8_BLOCK, mask=valid, other=0.0)
             else:
                 a_s = s  # not read
-            acc += _scaled_product(a, b, s, a_s, A_FP8, SWAP_AB, DOT_PREC, UPCAST)
+            acc += _scaled_product(a, b, s, a_s, A_FP8, SWAP_AB, DOT_PREC, UPCAST, ONE_SCALE)
         else:
             acc += _product(a, b, SWAP_AB, DOT_PREC, UPCAST)
         if GATE_UP:
             b_up = tl.load(b_ptrs + N * stride_bn, mask=b_mask, other=0.0)
             if FP8_BLOCK:
-                s_up = tl.load(s_up_ptrs + k0 // FP8_BLOCK, mask=cmask, other=0.0)
-                acc_up += _scaled_product(a, b_up, s_up, a_s, A_FP8, SWAP_AB, DOT_PREC, UPCAST)
+                if ONE_SCALE:
+                    s_up = tl.load(s_up_ptrs + k0 // FP8_BLOCK)
+                else:
+                    s_up = tl.load(s_up_ptrs + k0 // FP8_BLOCK, mask=cmask, other=0.0)
+                acc_up += _scaled_product(a, b_up, s_up, a_s, A_FP8, SWAP_AB, DOT_PREC, UPCAST, ONE_SCALE)
             else:
                 acc_up += _product(a, b_up, SWAP_AB, DOT_PREC, UPCAST)
         a_ptrs += BLOCK_K
@@ -406,7 +426,7 @@ def _gemm(a, b, c, weights, scales, sorted_ids, block_expert, num_padded, num_va
         a.stride(0), b.stride(0), b.stride(1), c.stride(0), s.stride(0), s.stride(1), a_s.stride(0),
         A_ROWS_PER_ID=a_rows_per_id, GATE_UP=gate_up, WEIGHTED=weights is not None and not gate_up,
         FP8_BLOCK=fp8_block, A_FP8=a_scales is not None, SWAP_AB=swap_ab, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        GROUP_M=gm, DOT_PREC=prec, UPCAST=UPCAST_DOT, **cfg)
+        GROUP_M=gm, DOT_PREC=prec, UPCAST=UPCAST_DOT, ONE_SCALE=bool(fp8_block) and fp8_block % bn == 0, **cfg)
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
