@@ -18,7 +18,8 @@ from bullet_trt.model.presets import PRESETS
 from bullet_trt.serving.calibrate_on_start import calibration_overrides, needs_calibration
 from bullet_trt.serving.device_sizing import GRAPH_BUCKETS, MAX_DECODE_ROWS
 from bullet_trt.kernels import moe_tiles
-from bullet_trt.spatial.calibration_store import calibration_file, find_calibration, load_perf_model, moe_tiles_of
+from bullet_trt.spatial.calibration_store import (CalibrationKey, calibration_file, find_calibration, load_perf_model,
+                                                 moe_tiles_of)
 from bullet_trt.spatial.perf_model import ModelCost, PerfModel
 from bullet_trt.spatial.step_code import code_digest, code_text, step_code
 
@@ -42,8 +43,8 @@ def test_each_gpu_gets_its_own_file_name():
 
 def test_a_calibration_measured_on_another_gpu_is_not_used(tmp_path):
     shutil.copy(H200_CALIBRATION, tmp_path / "perf_model.yaml")
-    on_h200, note200 = load_perf_model(tmp_path, COST, H200, 132)
-    on_h100, note100 = load_perf_model(tmp_path, COST, H100, 132)
+    on_h200, note200 = load_perf_model(tmp_path, COST, CalibrationKey(H200, 132))
+    on_h100, note100 = load_perf_model(tmp_path, COST, CalibrationKey(H100, 132))
     measured = yaml.safe_load(H200_CALIBRATION.read_text())["coeffs"]
     assert on_h200.coeffs.bw_max_gbs == measured["bw_max_gbs"] and "NVIDIA H200" in note200
     assert on_h100.coeffs == PerfModel.default(COST, 132, on_gpu=True).coeffs
@@ -56,23 +57,23 @@ def test_the_gpus_own_file_wins_and_the_plain_file_serves_its_gpu_only(tmp_path)
     own["coeffs"]["bw_max_gbs"] = 2900.0
     own["calibration"]["gpu"] = H100
     calibration_file(tmp_path, H100).write_text(yaml.safe_dump(own))
-    assert find_calibration(tmp_path, H100, 132).path == calibration_file(tmp_path, H100)
-    assert load_perf_model(tmp_path, COST, H100, 132)[0].coeffs.bw_max_gbs == 2900.0
-    assert find_calibration(tmp_path, H200, 132).path == tmp_path / "perf_model.yaml"
+    assert find_calibration(tmp_path, CalibrationKey(H100, 132)).path == calibration_file(tmp_path, H100)
+    assert load_perf_model(tmp_path, COST, CalibrationKey(H100, 132))[0].coeffs.bw_max_gbs == 2900.0
+    assert find_calibration(tmp_path, CalibrationKey(H200, 132)).path == tmp_path / "perf_model.yaml"
 
 
 def test_a_hand_written_calibration_naming_no_gpu_is_used_and_a_different_sm_count_is_not(tmp_path):
     hand = yaml.safe_load(H200_CALIBRATION.read_text())
     del hand["calibration"]
     (tmp_path / "perf_model.yaml").write_text(yaml.safe_dump(hand))
-    assert find_calibration(tmp_path, H100, 132).path == tmp_path / "perf_model.yaml"
-    smaller = find_calibration(tmp_path, H100, 66)  # a MIG slice of the same GPU model
+    assert find_calibration(tmp_path, CalibrationKey(H100, 132)).path == tmp_path / "perf_model.yaml"
+    smaller = find_calibration(tmp_path, CalibrationKey(H100, 66))  # a MIG slice of the same GPU model
     assert smaller.path is None and "66 SMs" in smaller.note
 
 
 def test_the_cpu_uses_its_defaults_and_never_calibrates(tmp_path):
     shutil.copy(H200_CALIBRATION, tmp_path / "perf_model.yaml")
-    perf, note = load_perf_model(tmp_path, COST, None, 2)
+    perf, note = load_perf_model(tmp_path, COST, None, cpu_sms=2)
     assert perf.coeffs == PerfModel.default(COST, 2, on_gpu=False).coeffs and note.startswith("CPU")
     cfg = EngineConfig(engine_dir=str(tmp_path), device="cpu")
     assert needs_calibration(cfg) is None
@@ -123,19 +124,19 @@ def test_the_calibration_process_says_it_needs_a_gpu(tmp_path):
 def test_a_calibration_names_how_its_prefill_ran_when_the_prefill_worker_runs_otherwise(tmp_path):
     eager = calibration_file(tmp_path, H200)
     copy_as_if_timed_now(H200_CALIBRATION, eager)  # measured before calibrations recorded it: eager
-    _, same = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[])
-    _, graphed = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[128, 256, 2048])
+    _, same = load_perf_model(tmp_path, COST, CalibrationKey(H200, 132), prefill_graph_tokens=[])
+    _, graphed = load_perf_model(tmp_path, COST, CalibrationKey(H200, 132), prefill_graph_tokens=[128, 256, 2048])
     assert same == f"calibrated on {H200} ({eager.name})"
     assert "ran eagerly" in graphed and "through graphs of [128, 256, 2048] tokens" in graphed
     assert f"delete {eager.name}" in graphed
     data = yaml.safe_load(eager.read_text())
     data["calibration"]["prefill_graph_tokens"] = [128, 256, 2048]
     eager.write_text(yaml.safe_dump(data))
-    _, now_same = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[128, 256, 2048])
-    _, now_eager = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[])
+    _, now_same = load_perf_model(tmp_path, COST, CalibrationKey(H200, 132), prefill_graph_tokens=[128, 256, 2048])
+    _, now_eager = load_perf_model(tmp_path, COST, CalibrationKey(H200, 132), prefill_graph_tokens=[])
     assert now_same == same
     assert "ran through graphs of [128, 256, 2048] tokens" in now_eager and "runs them eagerly" in now_eager
-    _, other_buckets = load_perf_model(tmp_path, COST, H200, 132, prefill_graph_tokens=[128, 1024, 2048])
+    _, other_buckets = load_perf_model(tmp_path, COST, CalibrationKey(H200, 132), prefill_graph_tokens=[128, 1024, 2048])
     assert "[128, 256, 2048]" in other_buckets and "runs them through graphs of [128, 1024, 2048]" in other_buckets
 
 
@@ -161,24 +162,24 @@ def test_an_moe_calibration_timed_on_other_tiles_is_stale_until_measured_again(t
     data["calibration"]["step_code"] = step_code()
     stored.write_text(yaml.safe_dump(data))
     now = moe_tiles_of(MOE_ARCH, H200)
-    found = find_calibration(tmp_path, H200, 132, now)
+    found = find_calibration(tmp_path, CalibrationKey(H200, 132, now))
     assert found.path == stored and "tiles untuned" in found.stale and now in found.stale
-    perf, note = load_perf_model(tmp_path, MOE_COST, H200, 132, moe_tiles=now)
+    perf, note = load_perf_model(tmp_path, MOE_COST, CalibrationKey(H200, 132, now))
     measured = yaml.safe_load(H200_MOE_CALIBRATION.read_text())["coeffs"]
     assert perf.coeffs.expert_tflops == measured["expert_tflops"]  # still served, and said to be stale
     assert "stale" in note and "serve.calibrate=auto" in note
-    assert find_calibration(tmp_path, H200, 132, "untuned").stale == ""  # on a GPU without a table
+    assert find_calibration(tmp_path, CalibrationKey(H200, 132, "untuned")).stale == ""  # on a GPU without a table
     data = yaml.safe_load(stored.read_text())
     data["calibration"]["moe_tiles"] = now  # as a calibration under the table records it
     stored.write_text(yaml.safe_dump(data))
-    assert find_calibration(tmp_path, H200, 132, now).stale == ""
-    assert find_calibration(tmp_path, H200, 132, None).stale == ""  # a dense model never asks
+    assert find_calibration(tmp_path, CalibrationKey(H200, 132, now)).stale == ""
+    assert find_calibration(tmp_path, CalibrationKey(H200, 132, None)).stale == ""  # a dense model never asks
 
 
 def test_a_saved_calibration_replaces_the_old_file_whole(tmp_path):
     path = calibration_file(tmp_path, H200)
     shutil.copy(H200_CALIBRATION, path)
-    perf, _ = load_perf_model(tmp_path, COST, H200, 132)
+    perf, _ = load_perf_model(tmp_path, COST, CalibrationKey(H200, 132))
     perf.save(path, extra={"calibration": {"gpu": H200, "moe_tiles": "untuned"}})
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no part file left behind
     assert yaml.safe_load(path.read_text())["calibration"]["moe_tiles"] == "untuned"
@@ -189,11 +190,11 @@ def test_quantized_experts_keep_their_own_calibration_beside_the_bf16_one(tmp_pa
     assert w8a8.name == "perf_model.nvidia-h200.fp8-w8a8.yaml" and bf16.name == "perf_model.nvidia-h200.yaml"
     shutil.copy(H200_MOE_CALIBRATION, bf16)
     tiles = moe_tiles_of(MOE_ARCH, H200, "fp8-w8a8")
-    assert find_calibration(tmp_path, H200, 132, tiles, "fp8-w8a8").path is None  # the bf16 one is not its
+    assert find_calibration(tmp_path, CalibrationKey(H200, 132, tiles, "fp8-w8a8")).path is None  # the bf16 one is not its
     copy_as_if_timed_now(H200_MOE_CALIBRATION.with_name("perf_model_h200_qwen3-30b-a3b.fp8-w8a8.yaml"), w8a8)
-    found = find_calibration(tmp_path, H200, 132, tiles, "fp8-w8a8")
+    found = find_calibration(tmp_path, CalibrationKey(H200, 132, tiles, "fp8-w8a8"))
     assert found.path == w8a8 and found.stale == ""
-    assert find_calibration(tmp_path, H200, 132, moe_tiles_of(MOE_ARCH, H200)).path == bf16
+    assert find_calibration(tmp_path, CalibrationKey(H200, 132, moe_tiles_of(MOE_ARCH, H200))).path == bf16
 
 
 def test_the_stored_moe_calibrations_timed_the_shipped_tables_of_their_experts():
@@ -213,27 +214,27 @@ def test_a_calibration_timed_on_other_step_code_is_stale_and_one_written_by_hand
     the stored calibration, still served, held bullet back (spatial/step_code.py)."""
     stored = calibration_file(tmp_path, H200)
     shutil.copy(H200_CALIBRATION, stored)  # measured before calibrations recorded their code
-    found = find_calibration(tmp_path, H200, 132)
+    found = find_calibration(tmp_path, CalibrationKey(H200, 132))
     assert "before calibrations recorded its code" in found.stale and step_code() in found.stale
-    _, note = load_perf_model(tmp_path, COST, H200, 132)
+    _, note = load_perf_model(tmp_path, COST, CalibrationKey(H200, 132))
     assert "stale" in note and "serve.calibrate=auto" in note
     data = yaml.safe_load(stored.read_text())
     data["calibration"]["step_code"] = "0123456789ab"
     stored.write_text(yaml.safe_dump(data))
-    assert "timed step code 0123456789ab" in find_calibration(tmp_path, H200, 132).stale
+    assert "timed step code 0123456789ab" in find_calibration(tmp_path, CalibrationKey(H200, 132)).stale
     data["calibration"]["step_code"] = step_code()
     stored.write_text(yaml.safe_dump(data))
-    assert find_calibration(tmp_path, H200, 132).stale == ""
+    assert find_calibration(tmp_path, CalibrationKey(H200, 132)).stale == ""
     # an MoE server's stale note names both, the code and the tiles
     data["calibration"]["step_code"] = "0123456789ab"
     stored.write_text(yaml.safe_dump(data))
-    both = find_calibration(tmp_path, H200, 132, moe_tiles_of(MOE_ARCH, H200)).stale
+    both = find_calibration(tmp_path, CalibrationKey(H200, 132, moe_tiles_of(MOE_ARCH, H200))).stale
     assert "0123456789ab" in both and "tiles untuned" in both
     stored.unlink()
     hand = yaml.safe_load(H200_CALIBRATION.read_text())
     del hand["calibration"]
     (tmp_path / "perf_model.yaml").write_text(yaml.safe_dump(hand))
-    assert find_calibration(tmp_path, H200, 132).stale == ""
+    assert find_calibration(tmp_path, CalibrationKey(H200, 132)).stale == ""
 
 
 def test_the_step_code_digest_follows_code_and_not_comments_or_docstrings(tmp_path):
@@ -272,10 +273,23 @@ def test_an_fp8_kv_pool_keeps_its_own_calibration_beside_the_bf16_pools(tmp_path
     assert fp8_pool.name == "perf_model.nvidia-h200.fp8-w8a8.kv-fp8.yaml"
     assert calibration_file(tmp_path, H200, kv_cache_dtype="fp8").name == "perf_model.nvidia-h200.kv-fp8.yaml"
     copy_as_if_timed_now(H200_MOE_CALIBRATION.with_name("perf_model_h200_qwen3-30b-a3b.fp8-w8a8.yaml"), bf16_pool)
-    assert find_calibration(tmp_path, H200, 132, tiles, "fp8-w8a8", "fp8").path is None  # it measures its own
-    assert find_calibration(tmp_path, H200, 132, tiles, "fp8-w8a8").path == bf16_pool
-    perf, note = load_perf_model(tmp_path, MOE_COST, H200, 132, moe_tiles=tiles, expert_quantization="fp8-w8a8",
-                                 kv_cache_dtype="fp8")
+    assert find_calibration(tmp_path, CalibrationKey(H200, 132, tiles, "fp8-w8a8", "fp8")).path is None  # it measures its own
+    assert find_calibration(tmp_path, CalibrationKey(H200, 132, tiles, "fp8-w8a8")).path == bf16_pool
+    perf, note = load_perf_model(tmp_path, MOE_COST, CalibrationKey(H200, 132, tiles, "fp8-w8a8", "fp8"))
     assert "no calibration" in note and "uncalibrated defaults" in note
     shutil.copy(bf16_pool, fp8_pool)
-    assert find_calibration(tmp_path, H200, 132, tiles, "fp8-w8a8", "fp8").path == fp8_pool
+    assert find_calibration(tmp_path, CalibrationKey(H200, 132, tiles, "fp8-w8a8", "fp8")).path == fp8_pool
+
+
+def test_a_server_s_key_names_its_experts_tiles_and_pool_from_its_settings(tmp_path):
+    """Every reader and writer of a calibration (the scheduler, sizing, calibration at start, the
+    calibration itself) builds its key from the server's settings the same way."""
+    w8a8_fp8_pool = apply_overrides(EngineConfig(engine_dir=str(tmp_path)),
+                                    {"quantization": "fp8-w8a8", "kv.cache_dtype": "fp8"})
+    key = CalibrationKey.for_server(w8a8_fp8_pool, MOE_ARCH, H200, 132, "bfloat16")
+    assert key == CalibrationKey(H200, 132, moe_tiles_of(MOE_ARCH, H200, "fp8-w8a8"), "fp8-w8a8", "fp8")
+    assert key.file(tmp_path) == calibration_file(tmp_path, H200, "fp8-w8a8", "fp8")
+    assert key.profile(tmp_path).name == "perf_profile.nvidia-h200.fp8-w8a8.kv-fp8.json"
+    dense = CalibrationKey.for_server(EngineConfig(engine_dir=str(tmp_path)), ModelArch.from_hf_dict(PRESETS["llama-3.1-8b"]),
+                                      H100, 132, "bfloat16")
+    assert dense == CalibrationKey(H100, 132) and dense.file(tmp_path) == calibration_file(tmp_path, H100)

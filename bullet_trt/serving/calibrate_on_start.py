@@ -19,7 +19,7 @@ from bullet_trt.config import EngineConfig
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.serving.device_sizing import (GRAPH_BUCKETS, MAX_DECODE_ROWS, served_chunk, sized_chunk,
                                               sized_mode, sized_prefill_pieces)
-from bullet_trt.spatial.calibration_store import calibration_file, find_calibration, moe_tiles_of
+from bullet_trt.spatial.calibration_store import CalibrationKey, find_calibration
 
 
 def calibration_overrides(cfg: EngineConfig) -> dict:
@@ -60,11 +60,10 @@ def _missing_calibration(cfg: EngineConfig) -> tuple[str, Path, str] | None:
 
     props = torch.cuda.get_device_properties(torch.device(cfg.resolve_device()))
     arch = ModelArch.from_checkpoint(cfg.checkpoint_path)
-    experts = arch.expert_quantization(cfg.quantization)
-    found = find_calibration(cfg.engine_dir, props.name, props.multi_processor_count,
-                             moe_tiles_of(arch, props.name, experts, resolve_dtype(arch, cfg.dtype, "cuda")), experts,
-                             cfg.kv.cache_dtype)
-    target = calibration_file(cfg.engine_dir, props.name, experts, cfg.kv.cache_dtype)
+    key = CalibrationKey.for_server(cfg, arch, props.name, props.multi_processor_count,
+                                    resolve_dtype(arch, cfg.dtype, "cuda"))
+    found = find_calibration(cfg.engine_dir, key)
+    target = key.file(cfg.engine_dir)
     if found.path is None:
         return found.note, target, "uncalibrated defaults"
     if found.stale:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from bullet_trt.config import EngineConfig
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.serving.memory_plan import TYPICAL_CONTEXT, kv_heads_per_rank, kv_value_bytes, plan_rank
-from bullet_trt.spatial.calibration_store import load_perf_model, moe_tiles_of
+from bullet_trt.spatial.calibration_store import CalibrationKey, load_perf_model
 from bullet_trt.spatial.perf_model import ModelCost
 
 # Decode batch sizes with a CUDA graph: dense where batches are small (each padded row
@@ -73,9 +73,8 @@ def decode_rows(cfg: EngineConfig, arch: ModelArch, gpu: GpuFacts, dtype_bytes: 
                           kv_bytes).rows
     from bullet_trt.model.loader import resolve_dtype  # torch, only where a GPU is sized
 
-    tiles = moe_tiles_of(arch, gpu.name, experts, resolve_dtype(arch, cfg.dtype, "cuda"))
-    perf, _ = load_perf_model(cfg.engine_dir, cost, gpu.name, total_sms, moe_tiles=tiles, expert_quantization=experts,
-                              kv_cache_dtype=cfg.kv.cache_dtype)
+    key = CalibrationKey.for_server(cfg, arch, gpu.name, total_sms, resolve_dtype(arch, cfg.dtype, "cuda"))
+    perf, _ = load_perf_model(cfg.engine_dir, cost, key)
     budget_ms = cfg.serve.tpot_slo_ms * cfg.serve.tpot_plan_fraction
     by_time = max([b for b in GRAPH_BUCKETS if perf.decode_ms(b, b * context, total_sms) <= budget_ms],
                   default=1)

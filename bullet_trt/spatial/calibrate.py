@@ -24,7 +24,7 @@ from bullet_trt.engine.kv_pool import fill_random
 from bullet_trt.engine.sampling import SamplingParams
 from bullet_trt.engine.session import BatchItem, TorchSession
 from bullet_trt.engine.shared_state import build_shared_state
-from bullet_trt.spatial.calibration_store import calibration_file, moe_tiles_of, profile_file
+from bullet_trt.spatial.calibration_store import CalibrationKey
 from bullet_trt.spatial.step_code import step_code
 from bullet_trt.spatial.perf_model import ModelCost, PrefillShape, ProfilePoint, fit, median_abs_pct_error
 from bullet_trt.spatial.session_worker import worker_profiles
@@ -151,16 +151,15 @@ def calibrate_engine_dir(engine_dir: str | Path, sm_counts: tuple[int, ...] = (3
     train, held_out = shuffled[:cut], shuffled[cut:]
     cost = ModelCost.of_state(state)
     model_fit = fit(cost, total, train)
-    quantization = state.expert_quantization
+    key = CalibrationKey.for_server(cfg, state.arch, gpu, total, state.dtype)
     report = {"gpu": gpu, "total_sms": total, "points": len(points),
               "prefill_graph_tokens": list(session.piecewise.buckets) if session.piecewise else [],
-              **({"moe_tiles": tiles} if (tiles := moe_tiles_of(state.arch, gpu, quantization, state.dtype)) else {}),
+              **({"moe_tiles": key.moe_tiles} if key.moe_tiles else {}),
               "step_code": step_code(),
               "train_median_abs_pct_error": round(median_abs_pct_error(model_fit, train), 2),
               "held_out_median_abs_pct_error": round(median_abs_pct_error(model_fit, held_out), 2)}
-    kv = cfg.kv.cache_dtype
-    model_fit.save(calibration_file(engine_dir, gpu, quantization, kv), extra={"calibration": report})
-    profile_file(engine_dir, gpu, quantization, kv).write_text(json.dumps(
+    model_fit.save(key.file(engine_dir), extra={"calibration": report})
+    key.profile(engine_dir).write_text(json.dumps(
         {"report": report, "points": [vars(p) for p in points],
          "held_out": [points.index(p) for p in held_out]}, indent=1))
     print(json.dumps(report), flush=True)

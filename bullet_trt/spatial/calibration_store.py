@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from bullet_trt.config import EngineConfig
 from bullet_trt.kernels import moe_tiles
 from bullet_trt.model.arch import ModelArch
 from bullet_trt.spatial.perf_model import PERF_MODEL_FILE, ModelCost, PerfModel
@@ -71,6 +72,34 @@ def moe_tiles_of(arch: ModelArch, gpu_name: str, expert_quantization: str = "non
 
 
 @dataclass(frozen=True)
+class CalibrationKey:
+    """What picks a server's calibration and says whether it still holds: the GPU it runs on
+    (its model's name and its SMs), the MoE tiles its kernels run (``moe_tiles_of``; None for a
+    dense model), and the experts' quantization and the KV pool's dtype, each pair with a file of
+    its own (``calibration_file``). Every place that reads or writes a calibration builds it the
+    same way, ``for_server``, so a new part of a server's identity is added once."""
+    gpu_name: str
+    total_sms: int
+    moe_tiles: str | None = None
+    expert_quantization: str = "none"
+    kv_cache_dtype: str = "auto"
+
+    @classmethod
+    def for_server(cls, cfg: EngineConfig, arch: ModelArch, gpu_name: str, total_sms: int,
+                   model_dtype: object) -> CalibrationKey:
+        """``model_dtype``: the dtype the server loads the weights in (a torch.dtype or its name)."""
+        experts = arch.expert_quantization(cfg.quantization)
+        return cls(gpu_name, total_sms, moe_tiles_of(arch, gpu_name, experts, model_dtype), experts,
+                   cfg.kv.cache_dtype)
+
+    def file(self, engine_dir: str | Path) -> Path:
+        return calibration_file(engine_dir, self.gpu_name, self.expert_quantization, self.kv_cache_dtype)
+
+    def profile(self, engine_dir: str | Path) -> Path:
+        return profile_file(engine_dir, self.gpu_name, self.expert_quantization, self.kv_cache_dtype)
+
+
+@dataclass(frozen=True)
 class Calibration:
     path: Path | None  # None: no calibration fits; the uncalibrated defaults stand in
     note: str  # what was chosen and why, for the server's log
@@ -98,13 +127,11 @@ def _stale(path: Path, data: dict, moe_tiles: str | None) -> str:
     return "; ".join(why)
 
 
-def find_calibration(engine_dir: str | Path, gpu_name: str, total_sms: int,
-                     moe_tiles: str | None = None, expert_quantization: str = "none",
-                     kv_cache_dtype: str = "auto") -> Calibration:
-    """``moe_tiles``: the MoE kernels' tiles the server will run (``moe_tiles_of``), which a
-    calibration timed under others is stale for; None for a dense model. ``expert_quantization``,
-    ``kv_cache_dtype``: whose calibration file is this server's (``calibration_file``)."""
-    own = calibration_file(engine_dir, gpu_name, expert_quantization, kv_cache_dtype)
+def find_calibration(engine_dir: str | Path, key: CalibrationKey) -> Calibration:
+    """The server's own file (``key.file``), else a plain one measured on its GPU and SMs or
+    naming none; stale where it timed other MoE tiles than ``key.moe_tiles`` or other step code."""
+    gpu_name, total_sms, moe_tiles = key.gpu_name, key.total_sms, key.moe_tiles
+    own = key.file(engine_dir)
     if own.is_file():
         data = _read(own)
         return Calibration(own, f"calibrated on {gpu_name} ({own.name})", _stale(own, data, moe_tiles), data)
@@ -134,24 +161,21 @@ def _how(graph_tokens: list[int]) -> str:
     return f"through graphs of {graph_tokens} tokens" if graph_tokens else "eagerly"
 
 
-def load_perf_model(engine_dir: str | Path, cost: ModelCost, gpu_name: str | None,
-                    total_sms: int, prefill_graph_tokens: list[int] | None = None,
-                    moe_tiles: str | None = None, expert_quantization: str = "none",
-                    kv_cache_dtype: str = "auto") -> tuple[PerfModel, str]:
-    """The performance model for this device (gpu_name None: the CPU) and a line saying
-    where it came from. Without a fitting calibration, uncalibrated defaults that the online
-    correction then pulls toward measured times. `moe_tiles`, `expert_quantization`,
-    `kv_cache_dtype`: as in ``find_calibration``.
-    `prefill_graph_tokens`: the prefill worker's
+def load_perf_model(engine_dir: str | Path, cost: ModelCost, key: CalibrationKey | None,
+                    prefill_graph_tokens: list[int] | None = None, cpu_sms: int = 1) -> tuple[PerfModel, str]:
+    """The performance model for this device (``key`` None: the CPU, of ``cpu_sms`` workers'
+    share) and a line saying where it came from. Without a fitting calibration
+    (``find_calibration``), uncalibrated defaults that the online correction then pulls toward
+    measured times. `prefill_graph_tokens`: the prefill worker's
     graph buckets, where a prefill worker runs; a calibration measured otherwise is still
     taken, but the line says so: an eager prefill can be bound by the host launching kernels
     (a mixture-of-experts model's 128-token prefill on an H200: 42 ms eager, 15 ms graphed,
     docs/moe.md), a graphed one need not."""
-    if gpu_name is None:
-        return PerfModel.default(cost, total_sms, on_gpu=False), "CPU: uncalibrated defaults"
-    found = find_calibration(engine_dir, gpu_name, total_sms, moe_tiles, expert_quantization, kv_cache_dtype)
+    if key is None:
+        return PerfModel.default(cost, cpu_sms, on_gpu=False), "CPU: uncalibrated defaults"
+    found = find_calibration(engine_dir, key)
     if found.path is None:
-        return PerfModel.default(cost, total_sms, on_gpu=True), f"{found.note}: uncalibrated defaults"
+        return PerfModel.default(cost, key.total_sms, on_gpu=True), f"{found.note}: uncalibrated defaults"
     note, data = found.note, found.data
     measured = measured_prefill_graphs(data)
     if prefill_graph_tokens is not None and measured != list(prefill_graph_tokens):

@@ -41,7 +41,7 @@ from bullet_trt.engine.tp_group import Rendezvous
 from bullet_trt.engine.tp_ranks import TensorParallelRanks
 from bullet_trt.protocol import (BatchDone, BatchFailed, DecodeStep, DecodeStepFailed, RowsLeft, SmSplit,
                                  WorkerFatal, WorkerPlan)
-from bullet_trt.spatial.calibration_store import load_perf_model, moe_tiles_of
+from bullet_trt.spatial.calibration_store import CalibrationKey, load_perf_model
 from bullet_trt.spatial.decode_rows import DecodeRows
 from bullet_trt.spatial.iteration_log import IterationLog
 from bullet_trt.spatial.partitioners import make_partitioner
@@ -174,12 +174,10 @@ class SpatialEngine:
         arch, shard = self.state.arch, self.state.shard
         cost = ModelCost.of_state(self.state).per_rank(
             shard.size, shard.kv_heads(arch)[1], arch.num_kv_heads)
-        gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-        quantization = self.state.expert_quantization
-        tiles = moe_tiles_of(arch, gpu_name, quantization, self.state.dtype) if gpu_name else None
-        perf, note = load_perf_model(self.cfg.engine_dir, cost, gpu_name, self.total_sms,
-                                     worker_profiles(self.cfg)["prefill"].piecewise_graph_tokens, tiles, quantization,
-                                     self.cfg.kv.cache_dtype)
+        key = (CalibrationKey.for_server(self.cfg, arch, torch.cuda.get_device_name(device), self.total_sms,
+                                         self.state.dtype) if device.type == "cuda" else None)
+        perf, note = load_perf_model(self.cfg.engine_dir, cost, key,
+                                     worker_profiles(self.cfg)["prefill"].piecewise_graph_tokens, cpu_sms=self.total_sms)
         print(f"bullet_trt: performance model: {note}", file=sys.stderr, flush=True)
         return perf
 

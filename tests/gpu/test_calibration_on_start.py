@@ -8,7 +8,7 @@ import yaml
 
 from bullet_trt.config import load_engine_config
 from bullet_trt.serving.calibrate_on_start import ensure_calibrated, needs_calibration
-from bullet_trt.spatial.calibration_store import calibration_file, find_calibration
+from bullet_trt.spatial.calibration_store import CalibrationKey, calibration_file, find_calibration
 from bullet_trt.tools.build import build_from_checkpoint
 from tests.checkpoints import make_variant
 
@@ -23,7 +23,7 @@ def test_a_server_calibrates_an_uncalibrated_gpu_once_and_then_uses_it(tmp_path)
     stored = calibration_file(engine, gpu)
     report = yaml.safe_load(stored.read_text())["calibration"]
     assert report["gpu"] == gpu and report["total_sms"] == sms and report["points"] > 20
-    assert find_calibration(engine, gpu, sms).path == stored
+    assert find_calibration(engine, CalibrationKey(gpu, sms)).path == stored
     written = stored.stat().st_mtime_ns
     assert needs_calibration(cfg) is None
     ensure_calibrated(cfg)
