@@ -104,3 +104,19 @@ def test_a_log_without_gpu_stamps_has_no_decode_prediction_table():
     assert "| no GPU stamps in the log |" in markdown(report)
     with pytest.raises(ValueError, match="--rows-band must be > 0"):
         timeline_report(run_log(), rows_band=0)
+
+
+def test_each_window_says_the_gpu_s_power_and_how_much_of_it_ran_capped():
+    """From NVML's energy counter where the records carry it (joules over seconds), else the
+    median of their power readings; none on a log without readings."""
+    metered = [dict(decode(0.5 * i, 800, 45.0, 108), energy_j=1000.0 + 350.0 * i, power_w=999.0,
+                    power_capped=i % 2 == 0) for i in range(20)]  # 700 W over 0-9.5 s
+    read = [dict(decode(10.0 + 0.5 * i, 800, 45.0, 108), power_w=600.0 + i) for i in range(5)]
+    report = timeline_report(metered + read + [decode(20.0, 300, 20.0, 132)])
+    first, second, third = report["windows"]
+    assert first["gpu_w"] == pytest.approx(700.0) and first["power_capped"] == pytest.approx(0.5)
+    assert second["gpu_w"] == 602.0 and second["power_capped"] is None
+    assert third["gpu_w"] is None and third["power_capped"] is None
+    table = markdown(report)
+    rows = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| ")}
+    assert rows["| 0"].endswith("| 700 (50%) |") and rows["| 10"].endswith("| 602 |") and rows["| 20"].endswith("| - |")

@@ -7,8 +7,10 @@ cost beside decode, read from an iteration log (serve.iteration_log).
 Where a run fails, the question is which phase ran out first. Per window of `--window` seconds
 from the log's first step: the prefill worker's batches (their prompts, tokens, time, its SMs, and
 its busy share: the batches' measured time over the window's) and the decode worker's steps
-(rows, time, SMs) and the most prompts waiting. A worker busy near 100% at its SMs is at
-capacity there.
+(rows, time, SMs), the most prompts waiting, and the GPU's power (from NVML's energy counter in
+the records, else their power readings) with the share of steps taken under the power cap. A
+worker busy near 100% at its SMs is at capacity there; a GPU on its power cap is at capacity
+whatever its split.
 
 Then, per prefill SM count, a straight line through the batches that ran beside decode: measured
 ms against tokens. Its slope is what a token costs there, its intercept what a batch costs
@@ -31,6 +33,19 @@ from bullet_trt.tools.bench.iteration_records import (BESIDE_A_PREFILL, WITHOUT_
 
 def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
+
+
+def _power(records: list[dict]) -> tuple[float | None, float | None]:
+    """The window's mean power (W) and the share of its steps taken under the power cap; None
+    where the records carry no reading (a log written on the CPU, or without NVML)."""
+    metered = sorted((r["t"], r["energy_j"]) for r in records if "energy_j" in r)
+    if len(metered) >= 2 and metered[-1][0] > metered[0][0] and metered[-1][1] > metered[0][1]:
+        watts = (metered[-1][1] - metered[0][1]) / (metered[-1][0] - metered[0][0])
+    else:
+        watts = _median([r["power_w"] for r in records if "power_w" in r])
+    capped = [bool(r["power_capped"]) for r in records if "power_capped" in r]
+    return (round(watts, 1) if watts is not None else None,
+            round(sum(capped) / len(capped), 3) if capped else None)
 
 
 def windows_report(records: list[dict], window_s: float) -> list[dict]:
@@ -59,6 +74,7 @@ def windows_report(records: list[dict], window_s: float) -> list[dict]:
             "decode_sms_p50": _median([r["decode_sms"] for r in decodes]),
             "waiting_max": max((r.get("waiting", 0) for r in by_window[k]), default=0),
         })
+        rows[-1]["gpu_w"], rows[-1]["power_capped"] = _power(by_window[k])
     return rows
 
 
@@ -138,12 +154,13 @@ def _cell(value) -> str:
 def markdown(report: dict) -> str:
     lines = [f"Per {report['window_s']:g} s from the first step (medians of the window's steps):", "",
              "| from s | prefill batches | prompts | tokens | ms | prefill SMs | prefill busy | decode steps | rows "
-             "| ms | decode SMs | most waiting |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| ms | decode SMs | most waiting | GPU W (capped) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in report["windows"]:
+        capped = "" if w["power_capped"] is None else f" ({w['power_capped']:.0%})"
         lines.append(f"| {w['start_s']:g} | {w['prefill_batches']} | {_cell(w['prompts_p50'])} | {_cell(w['tokens_p50'])} "
                      f"| {_cell(w['prefill_ms_p50'])} | {_cell(w['prefill_sms_p50'])} | {w['prefill_busy']:.0%} "
                      f"| {w['decode_steps']} | {_cell(w['rows_p50'])} | {_cell(w['decode_ms_p50'])} "
-                     f"| {_cell(w['decode_sms_p50'])} | {w['waiting_max']} |")
+                     f"| {_cell(w['decode_sms_p50'])} | {w['waiting_max']} | {_cell(w['gpu_w'])}{capped} |")
     lines += ["", "Prefill batches beside decode, per prefill SM count (least squares):", "",
               "| prefill SMs | batches | tokens p50 | ms per 1000 tokens | ms per batch | measured / predicted p50 |",
               "|---|---|---|---|---|---|"]
