@@ -26,6 +26,7 @@ from __future__ import annotations
 import statistics
 import sys
 
+from bullet_trt.tools.bench.energy import energy_between
 from bullet_trt.tools.bench.iteration_records import (BESIDE_A_PREFILL, WITHOUT_A_PREFILL,
                                                       decode_steps_beside_prefills, has_gpu_stamps, load,
                                                       log_reader_parser, print_report)
@@ -38,10 +39,11 @@ def _median(values: list[float]) -> float | None:
 def _power(records: list[dict]) -> tuple[float | None, float | None]:
     """The window's mean power (W) and the share of its steps taken under the power cap; None
     where the records carry no reading (a log written on the CPU, or without NVML)."""
-    metered = sorted((r["t"], r["energy_j"]) for r in records if "energy_j" in r)
-    if len(metered) >= 2 and metered[-1][0] > metered[0][0] and metered[-1][1] > metered[0][1]:
-        watts = (metered[-1][1] - metered[0][1]) / (metered[-1][0] - metered[0][0])
-    else:
+    times = [r["t"] for r in records if "energy_j" in r or "power_w" in r]
+    joules = energy_between(records, min(times), max(times)) if len(times) >= 2 else None
+    if joules is not None and joules > 0:
+        watts = joules / (max(times) - min(times))
+    else:  # one reading, or a counter that did not move within the window
         watts = _median([r["power_w"] for r in records if "power_w" in r])
     capped = [bool(r["power_capped"]) for r in records if "power_capped" in r]
     return (round(watts, 1) if watts is not None else None,
