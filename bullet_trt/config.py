@@ -104,12 +104,14 @@ class ServeConfig:
     min_phase_sms: int = SMALLEST_PHASE_SMS
     # bullet: whether waiting prompts may be prefilled inside decode's step instead of on a
     # partition beside it. auto: while decode's dense layers are bound by math (a large
-    # decode batch), as many whole prompts as keep the step within the TPOT target and
-    # chunk_size tokens; always: whatever fits chunk_size, whatever the step's time; never.
-    # Prompts may ride while the partition holds a prefill. Fused steps run eagerly in the
-    # decode worker unless decode.piecewise_graph_tokens names buckets for them. Off by
-    # default: auto measured worse than the partition alone, when a fused prefill still
-    # waited for the partition's (docs/benchmarks.md).
+    # decode batch), or, on the whole GPU, where the performance model says fused steps do
+    # the split's work sooner (an MoE decode of few rows), as many whole prompts as keep the
+    # step within the TPOT target and chunk_size tokens; always: whatever fits chunk_size,
+    # whatever the step's time; never. Prompts may ride while the partition holds a prefill.
+    # Fused steps run eagerly in the decode worker unless decode.piecewise_graph_tokens names
+    # buckets for them. Off by default: auto measured worse than the partition alone, when a
+    # fused prefill still waited for the partition's; its comparison with the split is not
+    # yet measured on a GPU (docs/benchmarks.md).
     fuse_prefill: str = "never"
     # bullet: while decode runs, a prompt may wait up to this fraction of the TTFT SLO for
     # others to join its prefill batch, until the waiting prompts hold prefill_batch_tokens.

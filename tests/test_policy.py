@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bullet_trt.spatial.perf_model import PerfModel, PrefillShape
+from bullet_trt.model.arch import ModelArch
+from bullet_trt.model.presets import PRESETS
+from bullet_trt.spatial.perf_model import ModelCost, PerfModel, PrefillShape, RooflineCoeffs
 from bullet_trt.spatial.policy import (PolicyState, SloConfig, WaitingPrompt, bullet_policy,
                                          decode_step_budget, gathering_ends_in_ms,
                                          queue_meets_ttft, static_policy)
@@ -315,6 +317,45 @@ def test_fused_step_respects_its_token_budget_and_long_prompts_take_a_partition(
                       fuse_tokens=2048)
     d = bullet_policy(long_head, SLO, MODEL)
     assert not d.fuse and d.prefill_sms is not None and 0 in d.admit
+
+
+# Qwen3-30B-A3B with FP8 experts and activations over an FP8 KV pool on an H200: the
+# calibration a server measured at start in the thirty-fourth round (docs/data/gpu_round_2026-11-29e)
+H200_W8A8 = RooflineCoeffs(total_sms=132, peak_tflops=261.33, bw_max_gbs=3910.9, bw_knee_sms=75.63,
+                           prefill_overhead_ms=0.669, decode_overhead_ms=3.645, prefill_floor_ms=0.698,
+                           decode_floor_ms=6.201, expert_tflops=8714.9)
+
+
+def moe_state(rows, prompts, **kw) -> PolicyState:
+    return PolicyState(now=0.0, total_sms=132, splits=list(range(16, 124, 4)), decode_batch=rows,
+                       decode_total_ctx=rows * 1300, waiting=[WaitingPrompt(0.0, n) for n in prompts],
+                       fuse_tokens=2048, decode_slots=1024, free_seq_slots=1024 - rows, **kw)
+
+
+@pytest.mark.parametrize("rows, fused", [(64, True), (240, True), (512, False)])
+def test_few_moe_decode_rows_take_a_prompt_into_their_step_where_a_split_streams_the_experts_twice(rows, fused):
+    """The Azure-conversation-like load's state on the MoE (three prompts of ~1000 tokens, a few
+    hundred rows of ~1300): a partitioned prefill and the decode beside it each stream the
+    experts, one fused step streams them once, so `auto` fuses what its token budget holds
+    (one prompt beside the rows) where the model says the fused steps do the split's work
+    sooner, and leaves the split where it does not (512 rows). Beside a partition's prefill
+    decode has few SMs, so nothing rides there; `never` always splits."""
+    cost = ModelCost.from_arch(ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"]), 2, fp8_experts=True,
+                               kv_dtype_bytes=1)
+    model, slo = PerfModel(cost, H200_W8A8), SloConfig(ttft_ms=1000.0, tpot_ms=50.0, tpot_plan=1.0)
+    assert not model.decode_gemms_compute_bound(rows, 132)  # the older rule would never fuse here
+    d = bullet_policy(moe_state(rows, [1000] * 3, fuse="auto"), slo, model)
+    assert d.fuse == fused
+    if fused:
+        assert d.prefill_sms is None and d.admit == [0]
+        assert d.predicted_prefill_ms == model.fused_ms(rows, rows * 1300, PrefillShape.of([1000]), 132)
+    else:
+        assert d.prefill_sms is not None and d.admit == [0, 1, 2]
+    split = bullet_policy(moe_state(rows, [1000] * 3), slo, model)
+    assert not split.fuse and split.prefill_sms is not None and split.admit == [0, 1, 2]
+    assert bullet_policy(moe_state(rows, [1000] * 3, fuse="auto", beside_prefill_sms=88), slo, model).admit == []
+    too_long = bullet_policy(moe_state(rows, [3000] * 2, fuse="auto"), slo, model)
+    assert not too_long.fuse and too_long.prefill_sms is not None
 
 
 def test_a_row_of_few_tokens_affords_a_shorter_step_than_a_long_one():

@@ -28,7 +28,9 @@ decode batch), a prefill beside decode only takes SMs from a phase that needs th
 the policy (`serve.fuse_prefill=auto`) fuses instead: whole waiting prompts ride along in
 decode's next step, sharing its pass over the weights, as many as keep that step within the
 TPOT target and the step's token budget; a prompt that does not fit goes to the prefill
-partition as above. Prompts may ride in decode's steps while the partition holds a prefill
+partition as above. Below that batch `auto` still fuses where the model says fused steps do
+the split's work sooner (`fusing_outpaces_split`): an MoE decode of a few hundred rows streams
+most experts each step, as the partition's prefill beside it does again. Prompts may ride in decode's steps while the partition holds a prefill
 (decode's steps then run on the SMs it leaves), so one path does not wait for the other. A
 phase with nothing to do yields every SM, except with `serve.split_ahead`: while prompts
 gather and their batch is expected within a few of decode's steps (`gathering_ends_in_ms`),
@@ -219,9 +221,34 @@ def decode_step_budget(state: PolicyState, slo: SloConfig, model: PerfModel) -> 
 
 
 def fuses(state: PolicyState, model: PerfModel) -> bool:
+    """Whether prompts may ride in decode's next step whatever the split would do: always, or
+    (auto) while decode's dense layers are bound by math there."""
     if state.decode_batch == 0 or state.fuse == "never":
         return False
     return state.fuse == "always" or model.decode_gemms_compute_bound(state.decode_batch, state.decode_step_sms)
+
+
+def fusing_outpaces_split(state: PolicyState, slo: SloConfig, model: PerfModel, fused: list[int],
+                          fused_ms: float) -> bool:
+    """serve.fuse_prefill=auto, below the math-bound batch: whether fused steps do the split's
+    work sooner than the split. The split prefills its batch on a partition while decode steps
+    beside it; fused steps like this one prefill as many tokens, each also a decode step, and
+    decode's steps alone on the whole GPU make up the difference in steps (or are saved).
+    Where decode's rows are few and each step streams most of an MoE model's experts, a
+    partitioned prefill and the decode beside it each stream the weights and share the memory
+    bandwidth, while a fused step streams them once: chunked's mixed steps sustained more of the
+    Azure-conversation-like load than the split on one H200 (docs/benchmarks.md). Only on the
+    whole GPU: a fused step beside a partition's prefill runs on decode's few SMs."""
+    if state.beside_prefill_sms is not None or not state.splits:
+        return False
+    prefill_sms = choose_split(state, slo, model)
+    batch, prefill_ms = _admit(state, slo, model, prefill_sms)
+    beside_ms = _decode_ms(state, model, prefill_sms)
+    split_ms = max(prefill_ms, beside_ms)
+    alone_ms = model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms)
+    tokens = lambda chosen: sum(state.waiting[i].num_tokens for i in chosen)  # noqa: E731
+    fused_steps = tokens(batch) / tokens(fused)
+    return fused_steps * fused_ms + (split_ms / beside_ms - fused_steps) * alone_ms < split_ms
 
 
 def _admit_fused(state: PolicyState, slo: SloConfig, model: PerfModel) -> tuple[list[int], float]:
@@ -248,9 +275,9 @@ def _admit_fused(state: PolicyState, slo: SloConfig, model: PerfModel) -> tuple[
 def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decision:
     if not state.waiting or state.free_seq_slots <= 0:
         return Decision(prefill_sms=None, admit=[])
-    if fuses(state, model):
+    if state.fuse != "never" and state.decode_batch:
         admit, ms = _admit_fused(state, slo, model)
-        if admit:
+        if admit and (fuses(state, model) or fusing_outpaces_split(state, slo, model, admit, ms)):
             return Decision(None, admit, predicted_prefill_ms=ms, predicted_decode_ms=ms, fuse=True)
     if state.beside_prefill_sms is not None:  # the partition is taken: prompts wait for it
         return Decision(prefill_sms=None, admit=[])
