@@ -105,7 +105,7 @@ class ServeConfig:
     # bullet: whether waiting prompts may be prefilled inside decode's step instead of on a
     # partition beside it. auto: while decode's dense layers are bound by math (a large
     # decode batch), or, on the whole GPU, where the performance model says fused steps do
-    # the split's work sooner (an MoE decode of few rows), as many whole prompts as keep the
+    # the split's work sooner and keep the queue within TTFT (an MoE decode of few rows), as many whole prompts as keep the
     # step within the TPOT target and chunk_size tokens; always: whatever fits chunk_size,
     # whatever the step's time; never. Prompts may ride while the partition holds a prefill.
     # Fused steps run eagerly in the decode worker unless decode.piecewise_graph_tokens names

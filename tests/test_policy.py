@@ -358,6 +358,23 @@ def test_few_moe_decode_rows_take_a_prompt_into_their_step_where_a_split_streams
     assert not too_long.fuse and too_long.prefill_sms is not None
 
 
+def test_a_queue_that_one_prompt_a_step_would_keep_past_ttft_goes_to_the_split():
+    """Served beside decode the MoE's prefill ran ~1.4x its calibration (thirty-fourth round), and
+    then fused steps outpace the split at any queue; but a fused step holds one ~1000-token
+    prompt beside 240 rows, so twenty waiting at once would take ~540 ms to drain, past the TTFT
+    plan's 500, and the split's fuller batch takes them; twelve drain within it and ride."""
+    cost = ModelCost.from_arch(ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"]), 2, fp8_experts=True,
+                               kv_dtype_bytes=1)
+    model, slo = PerfModel(cost, H200_W8A8), SloConfig(ttft_ms=1000.0, tpot_ms=50.0, tpot_plan=1.0)
+    model.correction["prefill"] = 1.4
+    one_step = model.fused_ms(240, 240 * 1300, PrefillShape.of([1000]), 132)
+    assert 12 * one_step < slo.ttft_ms * slo.ttft_plan < 20 * one_step
+    twelve = bullet_policy(moe_state(240, [1000] * 12, fuse="auto", max_prefill_seqs=32), slo, model)
+    assert twelve.fuse and twelve.admit == [0]
+    twenty = bullet_policy(moe_state(240, [1000] * 20, fuse="auto", max_prefill_seqs=32), slo, model)
+    assert not twenty.fuse and twenty.prefill_sms is not None and len(twenty.admit) == 8  # 8192 tokens' worth
+
+
 def test_a_row_of_few_tokens_affords_a_shorter_step_than_a_long_one():
     """Each row spends its TPOT budget (50 ms a gap) on the gaps left: those beside a 250 ms
     prefill at the step asked about, the rest at the recent mean gap (20 ms here)."""

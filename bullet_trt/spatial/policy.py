@@ -29,8 +29,9 @@ the policy (`serve.fuse_prefill=auto`) fuses instead: whole waiting prompts ride
 decode's next step, sharing its pass over the weights, as many as keep that step within the
 TPOT target and the step's token budget; a prompt that does not fit goes to the prefill
 partition as above. Below that batch `auto` still fuses where the model says fused steps do
-the split's work sooner (`fusing_outpaces_split`): an MoE decode of a few hundred rows streams
-most experts each step, as the partition's prefill beside it does again. Prompts may ride in decode's steps while the partition holds a prefill
+the split's work sooner and drain the queue within TTFT (`fusing_outpaces_split`): an MoE decode
+of a few hundred rows streams most experts each step, as the partition's prefill beside it does
+again. Prompts may ride in decode's steps while the partition holds a prefill
 (decode's steps then run on the SMs it leaves), so one path does not wait for the other. A
 phase with nothing to do yields every SM, except with `serve.split_ahead`: while prompts
 gather and their batch is expected within a few of decode's steps (`gathering_ends_in_ms`),
@@ -238,8 +239,9 @@ def fusing_outpaces_split(state: PolicyState, slo: SloConfig, model: PerfModel, 
     partitioned prefill and the decode beside it each stream the weights and share the memory
     bandwidth, while a fused step streams them once: chunked's mixed steps sustained more of the
     Azure-conversation-like load than the split on one H200 (docs/benchmarks.md). Only on the
-    whole GPU: a fused step beside a partition's prefill runs on decode's few SMs."""
-    if state.beside_prefill_sms is not None or not state.splits:
+    whole GPU (a fused step beside a partition's prefill runs on decode's few SMs), and only
+    while fused steps alone keep the waiting queue within TTFT."""
+    if state.beside_prefill_sms is not None or not state.splits or not fused_steps_meet_ttft(state, slo, model):
         return False
     prefill_sms = choose_split(state, slo, model)
     batch, prefill_ms = _admit(state, slo, model, prefill_sms)
@@ -249,6 +251,31 @@ def fusing_outpaces_split(state: PolicyState, slo: SloConfig, model: PerfModel, 
     tokens = lambda chosen: sum(state.waiting[i].num_tokens for i in chosen)  # noqa: E731
     fused_steps = tokens(batch) / tokens(fused)
     return fused_steps * fused_ms + (split_ms / beside_ms - fused_steps) * alone_ms < split_ms
+
+
+def fused_steps_meet_ttft(state: PolicyState, slo: SloConfig, model: PerfModel) -> bool:
+    """Whether fused steps on the whole GPU, one after another, each taking the waiting prompts
+    that fit its token budget in arrival order, prefill them within their TTFT deadlines (planned
+    as queue_meets_ttft plans the split's). A fused step holds only what fits beside decode's
+    rows, so a queue that has grown drains faster through the split's fuller batches; the
+    prompts too long to ride at all go to the partition whatever this says."""
+    budget = slo.ttft_ms * slo.ttft_plan
+    room = state.fuse_tokens - state.decode_batch if state.fuse_tokens else float("inf")
+    order = sorted(range(len(state.waiting)), key=lambda i: state.waiting[i].arrival)
+    fits = [state.waiting[i] for i in order[:max(0, state.free_seq_slots)]]
+    elapsed, start = 0.0, 0
+    while start < len(fits) and fits[start].num_tokens <= room:
+        end, tokens = start, 0
+        while end < len(fits) and tokens + fits[end].num_tokens <= room:
+            tokens += fits[end].num_tokens
+            end += 1
+        batch = fits[start:end]
+        elapsed += model.fused_ms(state.decode_batch, state.decode_total_ctx,
+                                  PrefillShape.of([w.num_tokens for w in batch]), state.total_sms)
+        if any(elapsed > (w.arrival - state.now) * 1e3 + budget for w in batch):
+            return False
+        start = end
+    return True
 
 
 def _admit_fused(state: PolicyState, slo: SloConfig, model: PerfModel) -> tuple[list[int], float]:
