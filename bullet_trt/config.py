@@ -105,9 +105,10 @@ class ServeConfig:
     # bullet: whether waiting prompts may be prefilled inside decode's step instead of on a
     # partition beside it. auto: while decode's dense layers are bound by math (a large
     # decode batch), or, on the whole GPU, where the performance model says fused steps do
-    # the split's work sooner and keep the queue within TTFT (an MoE decode of few rows), as many whole prompts as keep the
-    # step within the TPOT target and chunk_size tokens; always: whatever fits chunk_size,
-    # whatever the step's time; never. Prompts may ride while the partition holds a prefill.
+    # the split's work sooner and keep the queue within TTFT (an MoE decode of few rows), as
+    # many whole prompts as keep the step within the TPOT target and chunk_size tokens;
+    # always: whatever fits chunk_size, whatever the step's time; never. Prompts may ride
+    # while the partition holds a prefill.
     # Fused steps run eagerly in the decode worker unless decode.piecewise_graph_tokens names
     # buckets for them. Off by default: auto measured worse than the partition alone, when a
     # fused prefill still waited for the partition's; its comparison with the split is not

@@ -254,27 +254,22 @@ def fusing_outpaces_split(state: PolicyState, slo: SloConfig, model: PerfModel, 
 
 
 def fused_steps_meet_ttft(state: PolicyState, slo: SloConfig, model: PerfModel) -> bool:
-    """Whether fused steps on the whole GPU, one after another, each taking the waiting prompts
-    that fit its token budget in arrival order, prefill them within their TTFT deadlines (planned
-    as queue_meets_ttft plans the split's). A fused step holds only what fits beside decode's
-    rows, so a queue that has grown drains faster through the split's fuller batches; the
-    prompts too long to ride at all go to the partition whatever this says."""
+    """Whether fused steps, one after another, each admitting what the next would, prefill the
+    waiting prompts within their TTFT deadlines (planned as queue_meets_ttft plans the split's).
+    A fused step holds only what fits beside decode's rows, so a queue that has grown drains
+    faster through the split's fuller batches; prompts too long to ride at all go to the
+    partition whatever this says."""
     budget = slo.ttft_ms * slo.ttft_plan
-    room = state.fuse_tokens - state.decode_batch if state.fuse_tokens else float("inf")
-    order = sorted(range(len(state.waiting)), key=lambda i: state.waiting[i].arrival)
-    fits = [state.waiting[i] for i in order[:max(0, state.free_seq_slots)]]
-    elapsed, start = 0.0, 0
-    while start < len(fits) and fits[start].num_tokens <= room:
-        end, tokens = start, 0
-        while end < len(fits) and tokens + fits[end].num_tokens <= room:
-            tokens += fits[end].num_tokens
-            end += 1
-        batch = fits[start:end]
-        elapsed += model.fused_ms(state.decode_batch, state.decode_total_ctx,
-                                  PrefillShape.of([w.num_tokens for w in batch]), state.total_sms)
-        if any(elapsed > (w.arrival - state.now) * 1e3 + budget for w in batch):
+    elapsed, left = 0.0, state
+    while left.waiting and left.free_seq_slots > 0:
+        admit, ms = _admit_fused(left, slo, model)
+        if not admit:
+            return True
+        elapsed += ms
+        if any(elapsed > (left.waiting[i].arrival - state.now) * 1e3 + budget for i in admit):
             return False
-        start = end
+        rest = [w for k, w in enumerate(left.waiting) if k not in admit]
+        left = replace(left, waiting=rest, free_seq_slots=left.free_seq_slots - len(admit))
     return True
 
 
