@@ -10,6 +10,7 @@ import pytest
 
 from bullet_trt.tools.bench.iteration_records import load
 from bullet_trt.tools.bench.plot_iterations import plot
+from bullet_trt.tools.bench.timeline import timeline_report
 from bullet_trt.serving.llm import LLM
 from bullet_trt.engine.sampling import SamplingParams
 from tests.test_engine import GREEDY, llama_engine, prompts  # noqa: F401 (fixture)
@@ -76,6 +77,14 @@ def test_prompts_fused_into_decode_steps_give_the_same_outputs(llama_engine, tmp
     prefilled = sum(r["batch"] for r in records if r["phase"] == "prefill")
     assert prefilled < len(batch)  # the rest rode along in decode steps
     assert all(r["tokens"] > r["batch"] for r in steps)  # prompt tokens on top of one per row
+    # each prompt prefilled once, on the partition or riding along; a fused step names its riders,
+    # so bench timeline can tell its prompt tokens from its rows
+    assert prefilled + sum(r["prompts"] for r in steps) == len(batch)
+    riding = sum(r["tokens"] - (r["batch"] - r["prompts"]) for r in steps)
+    partition = sum(r["tokens"] for r in records if r["phase"] == "prefill")
+    assert riding + partition == sum(len(p) for p in batch)
+    window = timeline_report(records, window_s=1e6)["windows"][0]
+    assert window["fused_steps"] == len(steps) and window["prompt_tokens_fused"] == round(riding / (riding + partition), 3)
     assert plot(records, tmp_path / "fused.png").stat().st_size > 1000
     # the next fused prompts go out while a step carries the last ones, so they ride in the
     # very next step: back-to-back fused steps (with one job out at a time, every other step)

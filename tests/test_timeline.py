@@ -120,3 +120,17 @@ def test_each_window_says_the_gpu_s_power_and_how_much_of_it_ran_capped():
     table = markdown(report)
     rows = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| ")}
     assert rows["| 0"].endswith("| 700 (50%) |") and rows["| 10"].endswith("| 602 |") and rows["| 20"].endswith("| - |")
+
+
+def test_fused_steps_show_beside_the_partitions_prefills_with_their_share_of_prompt_tokens():
+    """A fused step's tokens are its rows plus its riders' prompt tokens; a log written before
+    fused records named their prompts shows no share rather than a guess."""
+    fused = {"t": 1.0, "phase": "fused", "batch": 300 + 2, "tokens": 300 + 1500, "prompts": 2, "measured_ms": 35.0,
+             "prefill_sms": 0, "decode_sms": 132, "waiting": 0}
+    log = [prefill(0.5, 2, 500, 60.0, 40, 92, 60.0), fused, dict(fused, t=2.0), decode(3.0, 300, 20.0, 132)]
+    window = timeline_report(log, window_s=10.0)["windows"][0]
+    assert (window["fused_steps"], window["fused_ms_p50"]) == (2, 35.0)
+    assert window["prompt_tokens_fused"] == pytest.approx(3000 / 3500, abs=1e-3)
+    assert "| 2 | 35 | 86% |" in markdown(timeline_report(log, window_s=10.0))
+    older = [r if r["phase"] != "fused" else {k: v for k, v in r.items() if k != "prompts"} for r in log]
+    assert timeline_report(older, window_s=10.0)["windows"][0]["prompt_tokens_fused"] is None

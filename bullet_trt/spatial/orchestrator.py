@@ -585,7 +585,7 @@ class SpatialEngine:
             self.log.record("fused", step.split, step.start, received, rows + len(job.seqs),
                             rows + step.prompt_tokens, predicted, step.measured_ms, self.queues,
                             host_gap_ms=step.idle_ms, gpu_window_ns=step.gpu_window_ns,
-                            rows_without_block=step.rows_without_block)
+                            rows_without_block=step.rows_without_block, prompts=len(job.seqs))
             return outputs
         predicted = self.perf.decode_ms(rows, step.total_ctx, sms)
         self.perf.observe("decode", predicted, step.measured_ms, sms)

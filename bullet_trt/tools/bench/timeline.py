@@ -7,7 +7,8 @@ cost beside decode, read from an iteration log (serve.iteration_log).
 Where a run fails, the question is which phase ran out first. Per window of `--window` seconds
 from the log's first step: the prefill worker's batches (their prompts, tokens, time, its SMs, and
 its busy share: the batches' measured time over the window's) and the decode worker's steps
-(rows, time, SMs), the most prompts waiting, and the GPU's power (from NVML's energy counter in
+(rows, time, SMs), its fused steps (serve.fuse_prefill: prompts riding in decode's step) with the
+share of the window's prompt tokens they prefilled, the most prompts waiting, and the GPU's power (from NVML's energy counter in
 the records, else their power readings) with the share of steps taken under the power cap. A
 worker busy near 100% at its SMs is at capacity there; a GPU on its power cap is at capacity
 whatever its split.
@@ -50,6 +51,23 @@ def _power(records: list[dict]) -> tuple[float | None, float | None]:
             round(sum(capped) / len(capped), 3) if capped else None)
 
 
+def _fused_prompt_tokens(record: dict) -> int | None:
+    """The prompt tokens a fused step prefilled: its tokens less its decode rows (None in logs
+    written before the record named its prompts)."""
+    if "prompts" not in record:
+        return None
+    return record["tokens"] - (record["batch"] - record["prompts"])
+
+
+def _fused_share(prefills: list[dict], fused: list[dict]) -> float | None:
+    """The share of the window's prompt tokens that rode in decode's steps."""
+    riding = [_fused_prompt_tokens(r) for r in fused]
+    if None in riding:
+        return None
+    total = sum(riding) + sum(r["tokens"] for r in prefills)
+    return round(sum(riding) / total, 3) if total else None
+
+
 def windows_report(records: list[dict], window_s: float) -> list[dict]:
     """One row per window that holds a step: each phase's medians and the prefill's busy share."""
     if window_s <= 0:
@@ -62,6 +80,7 @@ def windows_report(records: list[dict], window_s: float) -> list[dict]:
     for k in sorted(by_window):
         prefills = [r for r in by_window[k] if r["phase"] == "prefill"]
         decodes = [r for r in by_window[k] if r["phase"] == "decode"]
+        fused = [r for r in by_window[k] if r["phase"] == "fused"]
         rows.append({
             "start_s": round(k * window_s, 3),
             "prefill_batches": len(prefills),
@@ -74,6 +93,9 @@ def windows_report(records: list[dict], window_s: float) -> list[dict]:
             "rows_p50": _median([r["batch"] for r in decodes]),
             "decode_ms_p50": _median([r["measured_ms"] for r in decodes]),
             "decode_sms_p50": _median([r["decode_sms"] for r in decodes]),
+            "fused_steps": len(fused),
+            "fused_ms_p50": _median([r["measured_ms"] for r in fused]),
+            "prompt_tokens_fused": _fused_share(prefills, fused),
             "waiting_max": max((r.get("waiting", 0) for r in by_window[k]), default=0),
         })
         rows[-1]["gpu_w"], rows[-1]["power_capped"] = _power(by_window[k])
@@ -156,13 +178,16 @@ def _cell(value) -> str:
 def markdown(report: dict) -> str:
     lines = [f"Per {report['window_s']:g} s from the first step (medians of the window's steps):", "",
              "| from s | prefill batches | prompts | tokens | ms | prefill SMs | prefill busy | decode steps | rows "
-             "| ms | decode SMs | most waiting | GPU W (capped) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| ms | decode SMs | fused steps | ms | prompt tokens fused | most waiting | GPU W (capped) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in report["windows"]:
         capped = "" if w["power_capped"] is None else f" ({w['power_capped']:.0%})"
+        share = "-" if w["prompt_tokens_fused"] is None else f"{w['prompt_tokens_fused']:.0%}"
         lines.append(f"| {w['start_s']:g} | {w['prefill_batches']} | {_cell(w['prompts_p50'])} | {_cell(w['tokens_p50'])} "
                      f"| {_cell(w['prefill_ms_p50'])} | {_cell(w['prefill_sms_p50'])} | {w['prefill_busy']:.0%} "
                      f"| {w['decode_steps']} | {_cell(w['rows_p50'])} | {_cell(w['decode_ms_p50'])} "
-                     f"| {_cell(w['decode_sms_p50'])} | {w['waiting_max']} | {_cell(w['gpu_w'])}{capped} |")
+                     f"| {_cell(w['decode_sms_p50'])} | {w['fused_steps']} | {_cell(w['fused_ms_p50'])} | {share} "
+                     f"| {w['waiting_max']} | {_cell(w['gpu_w'])}{capped} |")
     lines += ["", "Prefill batches beside decode, per prefill SM count (least squares):", "",
               "| prefill SMs | batches | tokens p50 | ms per 1000 tokens | ms per batch | measured / predicted p50 |",
               "|---|---|---|---|---|---|"]
