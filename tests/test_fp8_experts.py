@@ -19,6 +19,7 @@ from bullet_trt.model.expert_weights import is_expert_tensor
 from bullet_trt.model.loader import load_checkpoint
 from bullet_trt.model.transformer import CausalLM
 from bullet_trt.serving.llm import LLM
+from bullet_trt.tools.bench.iteration_records import load
 from bullet_trt.tools.build import build_from_checkpoint
 from tests.test_engine import engine_dir_for, prompts
 from tests.test_model import hf_logits, max_diff, new_kv, prompt, step, table_for
@@ -314,3 +315,18 @@ def test_fp8_activations_serve_the_same_tokens_in_every_engine(moe_engines):
     arch = ModelArch.from_checkpoint(load_engine_config(str(engine)).checkpoint_path)
     with pytest.raises(ValueError, match="FP8 activations go with FP8 experts"):
         CausalLM(arch, torch.float32, "meta", fp8_activations=True)
+
+
+def test_prompts_fused_into_w8a8_moe_decode_steps_over_an_fp8_pool_give_chunkeds_tokens(moe_engines, tmp_path):
+    """The configuration the MoE's fused steps are served in on a GPU (FP8 experts and
+    activations, an FP8 KV pool, the decode worker's own pieces): prompts that ride in decode's
+    steps get the tokens chunked serving gives them, and every block comes back."""
+    engine, _ = moe_engines
+    settings = {"quantization": "fp8-w8a8", "kv.cache_dtype": "fp8"}
+    log = tmp_path / "fused.jsonl"
+    fused = tokens(engine, **settings, **{
+        "serve.mode": "bullet", "serve.fuse_prefill": "always", "serve.prefill_hold_fraction": 0,
+        "prefill.max_num_seqs": 1, "decode.piecewise_graph_tokens": "[16, 64, 128]",
+        "serve.iteration_log": str(log)})
+    assert fused == tokens(engine, **settings, **{"serve.mode": "chunked"})
+    assert any(r["phase"] == "fused" and r["prompts"] >= 1 for r in load(log))
