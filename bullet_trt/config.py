@@ -114,6 +114,11 @@ class ServeConfig:
     # fused prefill still waited for the partition's; its comparison with the split is not
     # yet measured on a GPU (docs/benchmarks.md).
     fuse_prefill: str = "never"
+    # bullet, with fuse_prefill: the first prompt that does not fit a fused step whole rides in
+    # part, filling the step's chunk_size tokens as chunked's steps do, its rest prefilled in
+    # later steps or on the partition; off: fused steps carry whole prompts only. Not yet
+    # measured on a GPU.
+    fuse_prompt_slices: bool = False
     # bullet: while decode runs, a prompt may wait up to this fraction of the TTFT SLO for
     # others to join its prefill batch, until the waiting prompts hold prefill_batch_tokens.
     # A separate prefill streams the weights once per batch and slows decode while it runs;

@@ -317,16 +317,23 @@ def test_fp8_activations_serve_the_same_tokens_in_every_engine(moe_engines):
         CausalLM(arch, torch.float32, "meta", fp8_activations=True)
 
 
-def test_prompts_fused_into_w8a8_moe_decode_steps_over_an_fp8_pool_give_chunkeds_tokens(moe_engines, tmp_path):
+@pytest.mark.parametrize("slices", [False, True], ids=["whole", "slices"])
+def test_prompts_fused_into_w8a8_moe_decode_steps_over_an_fp8_pool_give_chunkeds_tokens(moe_engines, tmp_path,
+                                                                                       slices):
     """The configuration the MoE's fused steps are served in on a GPU (FP8 experts and
     activations, an FP8 KV pool, the decode worker's own pieces): prompts that ride in decode's
-    steps get the tokens chunked serving gives them, and every block comes back."""
+    steps, whole or in slices, get the tokens chunked serving gives them, and every block comes
+    back."""
     engine, _ = moe_engines
     settings = {"quantization": "fp8-w8a8", "kv.cache_dtype": "fp8"}
     log = tmp_path / "fused.jsonl"
     fused = tokens(engine, **settings, **{
         "serve.mode": "bullet", "serve.fuse_prefill": "always", "serve.prefill_hold_fraction": 0,
         "prefill.max_num_seqs": 1, "decode.piecewise_graph_tokens": "[16, 64, 128]",
+        "serve.fuse_prompt_slices": slices, "serve.chunk_size": 48 if slices else 512,
         "serve.iteration_log": str(log)})
     assert fused == tokens(engine, **settings, **{"serve.mode": "chunked"})
-    assert any(r["phase"] == "fused" and r["prompts"] >= 1 for r in load(log))
+    steps = [r for r in load(log) if r["phase"] == "fused"]
+    assert steps and all(r["prompts"] >= 1 for r in steps)
+    if slices:
+        assert max(r["tokens"] for r in steps) == 48  # a slice filled a step's budget

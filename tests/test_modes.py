@@ -84,7 +84,8 @@ def test_prompts_fused_into_decode_steps_give_the_same_outputs(llama_engine, tmp
     partition = sum(r["tokens"] for r in records if r["phase"] == "prefill")
     assert riding + partition == sum(len(p) for p in batch)
     window = timeline_report(records, window_s=1e6)["windows"][0]
-    assert window["fused_steps"] == len(steps) and window["prompt_tokens_fused"] == round(riding / (riding + partition), 3)
+    assert window["fused_steps"] == len(steps)
+    assert window["prompt_tokens_fused"] == round(riding / (riding + partition), 3)
     assert plot(records, tmp_path / "fused.png").stat().st_size > 1000
     # the next fused prompts go out while a step carries the last ones, so they ride in the
     # very next step: back-to-back fused steps (with one job out at a time, every other step)
@@ -95,6 +96,22 @@ def test_prompts_fused_into_decode_steps_give_the_same_outputs(llama_engine, tmp
     assert back_to_back == chunked
     phases = [r["phase"] for r in load(log)]
     assert ("fused", "fused") in zip(phases, phases[1:])
+    # with slices a prompt that does not fit rides in part, filling the step's budget as
+    # chunked's steps do; its rest rides later or goes to the partition, each token once
+    log = tmp_path / "slices.jsonl"
+    sliced, stats = run_mode(llama_engine, "bullet", batch, **{
+        "serve.fuse_prefill": "always", "serve.fuse_prompt_slices": True, "serve.iteration_log": str(log),
+        "prefill.max_num_seqs": 2, "serve.prefill_hold_fraction": 0, "serve.chunk_size": 64})
+    assert sliced == chunked
+    assert stats.kv_blocks_free == stats.kv_blocks_total
+    records = load(log)
+    steps = [r for r in records if r["phase"] == "fused"]
+    riding = sum(r["tokens"] - (r["batch"] - r["prompts"]) for r in steps)
+    partition = sum(r["tokens"] for r in records if r["phase"] == "prefill")
+    assert riding + partition == sum(len(p) for p in batch)
+    prefilled = sum(r["batch"] for r in records if r["phase"] == "prefill")
+    assert prefilled + sum(r["prompts"] for r in steps) > len(batch)  # some prompt rode in more than one step
+    assert max(r["tokens"] for r in steps) == 64  # a slice filled a step's budget
     # the decode worker's fused steps through piecewise graphs of its own (run uncaptured on
     # a CPU: the same pieces and attention between them), beside the prefill worker's
     pieces, _ = run_mode(llama_engine, "bullet", batch, **{

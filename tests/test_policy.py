@@ -8,7 +8,7 @@ from bullet_trt.model.arch import ModelArch
 from bullet_trt.model.presets import PRESETS
 from bullet_trt.spatial.perf_model import ModelCost, PerfModel, PrefillShape, RooflineCoeffs
 from bullet_trt.spatial.policy import (PolicyState, SloConfig, WaitingPrompt, bullet_policy,
-                                         decode_step_budget, gathering_ends_in_ms,
+                                         decode_step_budget, fused_steps_meet_ttft, gathering_ends_in_ms,
                                          queue_meets_ttft, static_policy)
 from tests.test_perf_model import COST, TRUE
 
@@ -326,6 +326,15 @@ H200_W8A8 = RooflineCoeffs(total_sms=132, peak_tflops=261.33, bw_max_gbs=3910.9,
                            decode_floor_ms=6.201, expert_tflops=8714.9)
 
 
+MOE_SLO = SloConfig(ttft_ms=1000.0, tpot_ms=50.0, tpot_plan=1.0)
+
+
+def h200_w8a8_model() -> PerfModel:
+    cost = ModelCost.from_arch(ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"]), 2, fp8_experts=True,
+                               kv_dtype_bytes=1)
+    return PerfModel(cost, H200_W8A8)
+
+
 def moe_state(rows, prompts, **kw) -> PolicyState:
     return PolicyState(now=0.0, total_sms=132, splits=list(range(16, 124, 4)), decode_batch=rows,
                        decode_total_ctx=rows * 1300, waiting=[WaitingPrompt(0.0, n) for n in prompts],
@@ -340,9 +349,7 @@ def test_few_moe_decode_rows_take_a_prompt_into_their_step_where_a_split_streams
     (one prompt beside the rows) where the model says the fused steps do the split's work
     sooner, and leaves the split where it does not (512 rows). Beside a partition's prefill
     decode has few SMs, so nothing rides there; `never` always splits."""
-    cost = ModelCost.from_arch(ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"]), 2, fp8_experts=True,
-                               kv_dtype_bytes=1)
-    model, slo = PerfModel(cost, H200_W8A8), SloConfig(ttft_ms=1000.0, tpot_ms=50.0, tpot_plan=1.0)
+    model, slo = h200_w8a8_model(), MOE_SLO
     assert not model.decode_gemms_compute_bound(rows, 132)  # the older rule would never fuse here
     d = bullet_policy(moe_state(rows, [1000] * 3, fuse="auto"), slo, model)
     assert d.fuse == fused
@@ -363,9 +370,7 @@ def test_a_queue_that_one_prompt_a_step_would_keep_past_ttft_goes_to_the_split()
     then fused steps outpace the split at any queue; but a fused step holds one ~1000-token
     prompt beside 240 rows, so twenty waiting at once would take ~540 ms to drain, past the TTFT
     plan's 500, and the split's fuller batch takes them; twelve drain within it and ride."""
-    cost = ModelCost.from_arch(ModelArch.from_hf_dict(PRESETS["qwen3-30b-a3b"]), 2, fp8_experts=True,
-                               kv_dtype_bytes=1)
-    model, slo = PerfModel(cost, H200_W8A8), SloConfig(ttft_ms=1000.0, tpot_ms=50.0, tpot_plan=1.0)
+    model, slo = h200_w8a8_model(), MOE_SLO
     model.correction["prefill"] = 1.4
     one_step = model.fused_ms(240, 240 * 1300, PrefillShape.of([1000]), 132)
     assert 12 * one_step < slo.ttft_ms * slo.ttft_plan < 20 * one_step
@@ -457,3 +462,32 @@ def test_a_gathering_batch_moves_decode_ahead_only_once_it_is_due():
     near = bullet_policy(state(waiting=one, now=0.2 - lead_ms / 2e3, **hold), SLO, MODEL)
     assert near.admit == [] and near.ahead_sms in SPLITS
 
+
+
+def test_with_slices_the_prompt_that_does_not_fit_whole_fills_the_fused_steps_budget():
+    """serve.fuse_prompt_slices: beside 240 rows a 2048-token step holds one ~1000-token prompt
+    whole and 808 tokens of the next, as chunked's step would; without slices only the first
+    rides. A head too long for any step rides in part too (`always`), where whole it would go
+    to the partition."""
+    model, slo = h200_w8a8_model(), MOE_SLO
+    sliced = bullet_policy(moe_state(240, [1000] * 3, fuse="auto", fuse_slices=True), slo, model)
+    assert sliced.fuse and sliced.admit == [0, 1] and sliced.tokens == [1000, 808]
+    assert sliced.predicted_prefill_ms == model.fused_ms(240, 240 * 1300, PrefillShape.of([1000, 808]), 132)
+    whole = bullet_policy(moe_state(240, [1000] * 3, fuse="auto"), slo, model)
+    assert whole.admit == [0] and whole.tokens is None
+    long_head = bullet_policy(moe_state(240, [3000, 100], fuse="always", fuse_slices=True), slo, model)
+    assert long_head.fuse and long_head.admit == [0] and long_head.tokens == [1808]
+    assert not bullet_policy(moe_state(240, [3000, 100], fuse="always"), slo, model).fuse
+
+
+def test_a_sliced_prompts_rest_counts_in_the_fused_steps_ttft_drain():
+    """Twenty ~1000-token prompts drain through sliced fused steps (1808 tokens a step) in
+    twelve steps where whole ones take twenty: the guard sees the rest of each sliced prompt
+    ride in the next step, and lets a queue fuse that whole prompts could not drain in time."""
+    model, slo = h200_w8a8_model(), MOE_SLO
+    one_whole = model.fused_ms(240, 240 * 1300, PrefillShape.of([1000]), 132)
+    full = model.fused_ms(240, 240 * 1300, PrefillShape.of([1000, 808]), 132)
+    queue = [1000] * 20
+    assert 20 * one_whole > slo.ttft_ms * slo.ttft_plan > 12 * full  # 20 prompts: ~12 full steps
+    assert not fused_steps_meet_ttft(moe_state(240, queue, fuse="auto"), slo, model)
+    assert fused_steps_meet_ttft(moe_state(240, queue, fuse="auto", fuse_slices=True), slo, model)

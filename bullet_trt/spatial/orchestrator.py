@@ -374,7 +374,7 @@ class SpatialEngine:
             max_prefill_seqs=self.cfg.prefill.max_num_seqs,
             free_seq_slots=self.cfg.decode.max_num_seqs - len(q.decoding) - len(q.prefilling),
             decode_slots=self.cfg.decode.max_num_seqs,
-            fuse=s.fuse_prefill, fuse_tokens=s.chunk_size,
+            fuse=s.fuse_prefill, fuse_tokens=s.chunk_size, fuse_slices=s.fuse_prompt_slices,
             hold_ms=s.prefill_hold_fraction * self.slo.ttft_ms, batch_tokens=s.prefill_batch_tokens,
             beside_prefill_sms=None if self.prefilling is None else self.prefilling.split.decode_sms,
             row_step_ms=self._row_step_ms(decoding, ctx) if s.row_tpot_budget else None,
@@ -415,7 +415,7 @@ class SpatialEngine:
         batch: list[Sequence] = []
         for i in decision.admit:
             seq = candidates[i]
-            if not q.admit(seq):
+            if not q.admit(seq):  # one that rode in part already holds its prompt's blocks
                 break  # blocks run out: the rest wait for decodes to finish
             batch.append(seq)
         if not batch:
@@ -424,7 +424,7 @@ class SpatialEngine:
             q.waiting.remove(seq)
             seq.status = SeqStatus.RUNNING
             q.prefilling.append(seq)
-        tokens = [x.num_uncached for x in batch]
+        tokens = (decision.tokens or [x.num_uncached for x in batch])[:len(batch)]
         items = [self.requests.item(x, n) for x, n in zip(batch, tokens)]
         split = SmSplit(self.total_sms, decision.prefill_sms)
         if decision.fuse:
@@ -461,7 +461,8 @@ class SpatialEngine:
             self.ahead = SmSplit(self.total_sms, expected)
 
     def _prefilled(self, job: PrefillJob, results: list) -> list[RequestOutput]:
-        """The job's sequences, their prompts now cached, start decoding (or finish)."""
+        """The job's sequences, their prompts now cached, start decoding (or finish); one that
+        rode in part waits again at the head of the queue for its rest."""
         q, reqs = self.queues, self.requests
         outputs = []
         for seq, n, res in zip(job.seqs, job.tokens, results):
@@ -470,6 +471,13 @@ class SpatialEngine:
             seq.num_cached_tokens += n
             self.allocator.register_prefix(seq.prompt_token_ids, seq.block_table, seq.num_cached_tokens)
             q.prefilling.remove(seq)
+            if seq.num_uncached > 0:
+                seq.status = SeqStatus.WAITING
+                q.waiting.insert(0, seq)
+                if seq.request_id in reqs.aborted:
+                    reqs.finish(seq, "abort")
+                    outputs.append(reqs.output(seq))
+                continue
             q.decoding.append(seq)
             if seq.request_id in reqs.aborted:
                 reqs.finish(seq, "abort")

@@ -31,8 +31,10 @@ TPOT target and the step's token budget; a prompt that does not fit goes to the 
 partition as above. Below that batch `auto` still fuses where the model says fused steps do
 the split's work sooner and drain the queue within TTFT (`fusing_outpaces_split`): an MoE decode
 of a few hundred rows streams most experts each step, as the partition's prefill beside it does
-again. Prompts may ride in decode's steps while the partition holds a prefill
-(decode's steps then run on the SMs it leaves), so one path does not wait for the other. A
+again. With `serve.fuse_prompt_slices` the prompt that does not fit a fused step whole rides in
+part, filling its token budget as chunked's steps do; its rest waits at the head of the queue.
+Prompts may ride in decode's steps while the partition holds a prefill (decode's steps then run
+on the SMs it leaves), so one path does not wait for the other. A
 phase with nothing to do yields every SM, except with `serve.split_ahead`: while prompts
 gather and their batch is expected within a few of decode's steps (`gathering_ends_in_ms`),
 the decision names the split it is expected to get (`gathered`), and decode
@@ -72,6 +74,9 @@ class PolicyState:
     decode_slots: int | None = None
     fuse: str = "never"  # never | auto | always: whether prompts may ride in decode's step
     fuse_tokens: int = 0  # tokens a fused step may hold, decode rows included (0: no cap)
+    # The prompt that does not fit a fused step's token budget whole rides in part, filling it,
+    # as chunked's steps carry a slice of a prompt (serve.fuse_prompt_slices); its rest waits.
+    fuse_slices: bool = False
     # SMs decode runs on while a prefill already holds its partition (None: none in flight).
     # Then only a fused prefill can start: prompts ride in decode's steps on those SMs.
     beside_prefill_sms: int | None = None
@@ -133,12 +138,22 @@ class Decision:
     predicted_prefill_ms: float = 0.0
     predicted_decode_ms: float = 0.0
     fuse: bool = False  # the admitted prompts ride in decode's next step (prefill_sms None)
+    # Tokens each admitted prompt prefills now, where the last is a slice of its prompt (fused
+    # steps with serve.fuse_prompt_slices); None: every admitted prompt whole.
+    tokens: list[int] | None = None
     # Nothing admitted yet, but prompts gather for a batch that is expected to get this
     # split: decode may move to its complement ahead of the prefill (serve.split_ahead).
     ahead_sms: int | None = None
 
     def decode_sms(self, total: int) -> int:
         return SmSplit(total, self.prefill_sms).decode_sms
+
+
+@dataclass
+class FusedAdmission:
+    admit: list[int]  # indices into state.waiting, in arrival order
+    tokens: list[int]  # tokens each prefills in the step: whole prompts, the last perhaps a slice
+    predicted_ms: float = 0.0
 
 
 def _admit(state: PolicyState, slo: SloConfig, model: PerfModel, sms: int) -> tuple[list[int], float]:
@@ -229,8 +244,7 @@ def fuses(state: PolicyState, model: PerfModel) -> bool:
     return state.fuse == "always" or model.decode_gemms_compute_bound(state.decode_batch, state.decode_step_sms)
 
 
-def fusing_outpaces_split(state: PolicyState, slo: SloConfig, model: PerfModel, fused: list[int],
-                          fused_ms: float) -> bool:
+def fusing_outpaces_split(state: PolicyState, slo: SloConfig, model: PerfModel, fused: FusedAdmission) -> bool:
     """serve.fuse_prefill=auto, below the math-bound batch: whether fused steps do the split's
     work sooner than the split. The split prefills its batch on a partition while decode steps
     beside it; fused steps like this one prefill as many tokens, each also a decode step, and
@@ -248,9 +262,8 @@ def fusing_outpaces_split(state: PolicyState, slo: SloConfig, model: PerfModel, 
     beside_ms = _decode_ms(state, model, prefill_sms)
     split_ms = max(prefill_ms, beside_ms)
     alone_ms = model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms)
-    tokens = lambda chosen: sum(state.waiting[i].num_tokens for i in chosen)  # noqa: E731
-    fused_steps = tokens(batch) / tokens(fused)
-    return fused_steps * fused_ms + (split_ms / beside_ms - fused_steps) * alone_ms < split_ms
+    fused_steps = sum(state.waiting[i].num_tokens for i in batch) / sum(fused.tokens)
+    return fused_steps * fused.predicted_ms + (split_ms / beside_ms - fused_steps) * alone_ms < split_ms
 
 
 def fused_steps_meet_ttft(state: PolicyState, slo: SloConfig, model: PerfModel) -> bool:
@@ -262,45 +275,56 @@ def fused_steps_meet_ttft(state: PolicyState, slo: SloConfig, model: PerfModel) 
     budget = slo.ttft_ms * slo.ttft_plan
     elapsed, left = 0.0, state
     while left.waiting and left.free_seq_slots > 0:
-        admit, ms = _admit_fused(left, slo, model)
-        if not admit:
+        fused = _admit_fused(left, slo, model)
+        if not fused.admit:
             return True
-        elapsed += ms
-        if any(elapsed > (left.waiting[i].arrival - state.now) * 1e3 + budget for i in admit):
+        elapsed += fused.predicted_ms
+        done = [i for i, n in zip(fused.admit, fused.tokens) if n == left.waiting[i].num_tokens]
+        if any(elapsed > (left.waiting[i].arrival - state.now) * 1e3 + budget for i in done):
             return False
-        rest = [w for k, w in enumerate(left.waiting) if k not in admit]
-        left = replace(left, waiting=rest, free_seq_slots=left.free_seq_slots - len(admit))
+        # a sliced prompt's rest rides first in the next step (its arrival keeps it at the head)
+        rest = [w if k not in fused.admit else replace(w, num_tokens=w.num_tokens - fused.tokens[-1])
+                for k, w in enumerate(left.waiting) if k not in done]
+        left = replace(left, waiting=rest, free_seq_slots=left.free_seq_slots - len(done))
     return True
 
 
-def _admit_fused(state: PolicyState, slo: SloConfig, model: PerfModel) -> tuple[list[int], float]:
+def _admit_fused(state: PolicyState, slo: SloConfig, model: PerfModel) -> FusedAdmission:
     """Waiting prompts in arrival order, whole, while decode's step with them stays within
-    the token budget and (unless fusing always) the TPOT target."""
+    the token budget and (unless fusing always) the TPOT target; with state.fuse_slices the
+    first prompt that does not fit the budget whole rides in part, filling it."""
     order = sorted(range(len(state.waiting)), key=lambda i: state.waiting[i].arrival)
-    admitted: list[int] = []
-    predicted = 0.0
-    tokens = 0
+    taken = FusedAdmission([], [])
+
+    def fits(tokens: list[int]) -> float | None:
+        ms = model.fused_ms(state.decode_batch, state.decode_total_ctx, PrefillShape.of(tokens), state.decode_step_sms)
+        return ms if state.fuse == "always" or ms <= step_target(state, slo) else None
+
     for i in order[:max(0, state.free_seq_slots)]:
         n = state.waiting[i].num_tokens
-        if state.fuse_tokens and state.decode_batch + tokens + n > state.fuse_tokens:
+        room = state.fuse_tokens - state.decode_batch - sum(taken.tokens) if state.fuse_tokens else n
+        part = n if n <= room else (room if state.fuse_slices and room > 0 else 0)
+        ms = fits(taken.tokens + [part]) if part else None
+        if ms is None:
             break
-        shape = PrefillShape.of([state.waiting[j].num_tokens for j in admitted + [i]])
-        ms = model.fused_ms(state.decode_batch, state.decode_total_ctx, shape, state.decode_step_sms)
-        if state.fuse != "always" and ms > step_target(state, slo):
+        taken.admit.append(i)
+        taken.tokens.append(part)
+        taken.predicted_ms = ms
+        if part < n:
             break
-        admitted.append(i)
-        tokens += n
-        predicted = ms
-    return admitted, predicted
+    return taken
 
 
 def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decision:
     if not state.waiting or state.free_seq_slots <= 0:
         return Decision(prefill_sms=None, admit=[])
     if state.fuse != "never" and state.decode_batch:
-        admit, ms = _admit_fused(state, slo, model)
-        if admit and (fuses(state, model) or fusing_outpaces_split(state, slo, model, admit, ms)):
-            return Decision(None, admit, predicted_prefill_ms=ms, predicted_decode_ms=ms, fuse=True)
+        fused = _admit_fused(state, slo, model)
+        if fused.admit and (fuses(state, model) or fusing_outpaces_split(state, slo, model, fused)):
+            whole = all(n == state.waiting[i].num_tokens for i, n in zip(fused.admit, fused.tokens))
+            return Decision(None, fused.admit, predicted_prefill_ms=fused.predicted_ms,
+                            predicted_decode_ms=fused.predicted_ms, fuse=True,
+                            tokens=None if whole else fused.tokens)
     if state.beside_prefill_sms is not None:  # the partition is taken: prompts wait for it
         return Decision(prefill_sms=None, admit=[])
     if gathering(state):
