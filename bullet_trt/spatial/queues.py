@@ -10,8 +10,9 @@ from bullet_trt.engine.sequence import Sequence
 
 @dataclass
 class SpatialQueues:
-    """`waiting` need a prefill; `prefilling` are in the prefill worker's batch; `decoding`
-    hold their KV and are rows of the decode worker's batch."""
+    """`waiting` need a prefill (holding no blocks, but one whose prompt rode in part in a fused
+    step, serve.fuse_prompt_slices, which holds its whole prompt's); `prefilling` are in the
+    prefill worker's batch; `decoding` hold their KV and are rows of the decode worker's batch."""
 
     allocator: BlockAllocator
     block_size: int
