@@ -44,6 +44,7 @@ the whole GPU. The `static` policy is the fixed-split baseline behind the same s
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 from bullet_trt.protocol import SmSplit
@@ -244,7 +245,23 @@ def fuses(state: PolicyState, model: PerfModel) -> bool:
     return state.fuse == "always" or model.decode_gemms_compute_bound(state.decode_batch, state.decode_step_sms)
 
 
-def fusing_outpaces_split(state: PolicyState, slo: SloConfig, model: PerfModel, fused: FusedAdmission) -> bool:
+class SplitPlan:
+    """The split a decision plans for the waiting queue beside decode (prefill's SMs, the batch it
+    admits, its predicted time), planned at most once a decision: fused admission compares it, and
+    the split path takes it."""
+
+    def __init__(self, state: PolicyState, slo: SloConfig, model: PerfModel):
+        self.state, self.slo, self.model = state, slo, model
+
+    @functools.cached_property
+    def planned(self) -> tuple[int, list[int], float]:
+        prefill_sms = choose_split(self.state, self.slo, self.model)
+        admit, prefill_ms = _admit(self.state, self.slo, self.model, prefill_sms)
+        return prefill_sms, admit, prefill_ms
+
+
+def fusing_outpaces_split(state: PolicyState, slo: SloConfig, model: PerfModel, fused: FusedAdmission,
+                          split: SplitPlan) -> bool:
     """serve.fuse_prefill=auto, below the math-bound batch: whether fused steps do the split's
     work sooner than the split. The split prefills its batch on a partition while decode steps
     beside it; fused steps like this one prefill as many tokens, each also a decode step, and
@@ -257,8 +274,7 @@ def fusing_outpaces_split(state: PolicyState, slo: SloConfig, model: PerfModel, 
     while fused steps alone keep the waiting queue within TTFT."""
     if state.beside_prefill_sms is not None or not state.splits or not fused_steps_meet_ttft(state, slo, model):
         return False
-    prefill_sms = choose_split(state, slo, model)
-    batch, prefill_ms = _admit(state, slo, model, prefill_sms)
+    prefill_sms, batch, prefill_ms = split.planned
     beside_ms = _decode_ms(state, model, prefill_sms)
     split_ms = max(prefill_ms, beside_ms)
     alone_ms = model.decode_ms(state.decode_batch, state.decode_total_ctx, state.total_sms)
@@ -318,13 +334,14 @@ def _admit_fused(state: PolicyState, slo: SloConfig, model: PerfModel) -> FusedA
 def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decision:
     if not state.waiting or state.free_seq_slots <= 0:
         return Decision(prefill_sms=None, admit=[])
+    split = SplitPlan(state, slo, model)
     if state.fuse != "never" and state.decode_batch:
         fused = _admit_fused(state, slo, model)
-        if fused.admit and (fuses(state, model) or fusing_outpaces_split(state, slo, model, fused)):
-            whole = all(n == state.waiting[i].num_tokens for i, n in zip(fused.admit, fused.tokens))
+        if fused.admit and (fuses(state, model) or fusing_outpaces_split(state, slo, model, fused, split)):
+            sliced = fused.tokens[-1] < state.waiting[fused.admit[-1]].num_tokens  # only the last may be
             return Decision(None, fused.admit, predicted_prefill_ms=fused.predicted_ms,
                             predicted_decode_ms=fused.predicted_ms, fuse=True,
-                            tokens=None if whole else fused.tokens)
+                            tokens=fused.tokens if sliced else None)
     if state.beside_prefill_sms is not None:  # the partition is taken: prompts wait for it
         return Decision(prefill_sms=None, admit=[])
     if gathering(state):
@@ -333,8 +350,7 @@ def bullet_policy(state: PolicyState, slo: SloConfig, model: PerfModel) -> Decis
     if state.decode_batch == 0 or not state.splits:  # alone, or nothing to split (CPU)
         admit, ms = _admit(state, slo, model, state.total_sms)
         return Decision(None, admit, predicted_prefill_ms=ms)
-    chosen = choose_split(state, slo, model)
-    admit, pre_ms = _admit(state, slo, model, chosen)
+    chosen, admit, pre_ms = split.planned
     return Decision(chosen, admit, predicted_prefill_ms=pre_ms, predicted_decode_ms=_decode_ms(state, model, chosen))
 
 

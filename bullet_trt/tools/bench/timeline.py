@@ -8,8 +8,9 @@ Where a run fails, the question is which phase ran out first. Per window of `--w
 from the log's first step: the prefill worker's batches (their prompts, tokens, time, its SMs, and
 its busy share: the batches' measured time over the window's) and the decode worker's steps
 (rows, time, SMs), its fused steps (serve.fuse_prefill: prompts riding in decode's step) with the
-share of the window's prompt tokens they prefilled, the most prompts waiting, and the GPU's power (from NVML's energy counter in
-the records, else their power readings) with the share of steps taken under the power cap. A
+share of the window's prompt tokens they prefilled, the most prompts waiting, and the GPU's power
+(from NVML's energy counter in the records, else their power readings) with the share of steps
+taken under the power cap. A
 worker busy near 100% at its SMs is at capacity there; a GPU on its power cap is at capacity
 whatever its split.
 
