@@ -471,21 +471,19 @@ class SpatialEngine:
             seq.num_cached_tokens += n
             self.allocator.register_prefix(seq.prompt_token_ids, seq.block_table, seq.num_cached_tokens)
             q.prefilling.remove(seq)
+            if seq.request_id in reqs.aborted:
+                reqs.finish(seq, "abort")  # its blocks go back, however much of its prompt ran
+                outputs.append(reqs.output(seq))
+                continue
             if seq.num_uncached > 0:
                 seq.status = SeqStatus.WAITING
                 q.waiting.insert(0, seq)
-                if seq.request_id in reqs.aborted:
-                    reqs.finish(seq, "abort")
-                    outputs.append(reqs.output(seq))
                 continue
             q.decoding.append(seq)
-            if seq.request_id in reqs.aborted:
-                reqs.finish(seq, "abort")
-            else:
-                first = seq.first_token_time is None  # not a preempted sequence prefilled again
-                reqs.accept(seq, res)
-                if first and self.plan_tuner is not None and seq.first_token_time is not None:
-                    self.plan_tuner.record_ttft((seq.first_token_time - seq.arrival_time) * 1e3)
+            first = seq.first_token_time is None  # not a preempted sequence prefilled again
+            reqs.accept(seq, res)
+            if first and self.plan_tuner is not None and seq.first_token_time is not None:
+                self.plan_tuner.record_ttft((seq.first_token_time - seq.arrival_time) * 1e3)
             outputs.append(reqs.output(seq))
             if seq.status is not SeqStatus.FINISHED:
                 self._join(seq)
