@@ -445,6 +445,32 @@ def test_abort_of_a_decoding_row_frees_its_blocks_in_spatial_mode(llama_engine):
         assert core.stats().kv_blocks_free == core.stats().kv_blocks_total
 
 
+def test_abort_of_a_prompt_that_rode_in_part_frees_its_blocks(llama_engine):
+    """serve.fuse_prompt_slices: a sequence whose prompt rode in part in a fused step waits for
+    its rest holding its prompt's blocks; aborted there, it ends and gives them back."""
+    from bullet_trt.engine.request import NewRequest
+    with LLM(str(llama_engine), **{"serve.mode": "bullet", "serve.fuse_prefill": "always",
+                                   "serve.fuse_prompt_slices": True, "serve.chunk_size": 16,
+                                   "serve.prefill_hold_fraction": 0}) as llm:
+        core = llm.engine
+        params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+        core.add_request(NewRequest("r0", prompts(1, seed=3)[0], params))
+        while not core.queues.decoding:
+            core.step()
+        core.add_request(NewRequest("r1", list(range(3, 53)), params))  # 50 tokens, 15 a step beside r0
+        while not any(s.num_cached_tokens for s in core.queues.waiting):
+            core.step()
+        assert [s.request_id for s in core.queues.waiting] == ["r1"] and core.queues.waiting[0].block_table
+        core.abort_request("r1")
+        reasons = {}
+        while core.has_unfinished():
+            for out in core.step():
+                if out.finished:
+                    reasons[out.request_id] = out.finish_reason
+        assert reasons == {"r0": "length", "r1": "abort"}
+        assert core.stats().kv_blocks_free == core.stats().kv_blocks_total
+
+
 def test_the_stats_carry_the_performance_models_correction(llama_engine):
     """bullet_perf_model_correction on /metrics: the online correction per phase, which moves
     from 1 as measured steps come in (a stale calibration shows as a correction far from 1);
