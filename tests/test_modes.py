@@ -423,6 +423,16 @@ def test_spatial_modes_follow_every_rule_under_preemption(llama_engine, fuse, wa
     assert stats.kv_blocks_free == stats.kv_blocks_total == 24
 
 
+def finish_reasons(core) -> dict[str, str]:
+    """Steps the engine until every request has ended; how each ended."""
+    reasons = {}
+    while core.has_unfinished():
+        for out in core.step():
+            if out.finished:
+                reasons[out.request_id] = out.finish_reason
+    return reasons
+
+
 def test_abort_of_a_decoding_row_frees_its_blocks_in_spatial_mode(llama_engine):
     from bullet_trt.engine.request import NewRequest
     with LLM(str(llama_engine), **{"serve.mode": "bullet"}) as llm:
@@ -436,12 +446,7 @@ def test_abort_of_a_decoding_row_frees_its_blocks_in_spatial_mode(llama_engine):
                 emitted.setdefault(out.request_id, []).extend(out.new_token_ids)
         assert core.stats().kv_blocks_free < core.stats().kv_blocks_total
         core.abort_request("r1")
-        reasons = {}
-        while core.has_unfinished():
-            for out in core.step():
-                if out.finished:
-                    reasons[out.request_id] = out.finish_reason
-        assert reasons == {"r0": "length", "r1": "abort", "r2": "length"}
+        assert finish_reasons(core) == {"r0": "length", "r1": "abort", "r2": "length"}
         assert core.stats().kv_blocks_free == core.stats().kv_blocks_total
 
 
@@ -462,12 +467,7 @@ def test_abort_of_a_prompt_that_rode_in_part_frees_its_blocks(llama_engine):
             core.step()
         assert [s.request_id for s in core.queues.waiting] == ["r1"] and core.queues.waiting[0].block_table
         core.abort_request("r1")
-        reasons = {}
-        while core.has_unfinished():
-            for out in core.step():
-                if out.finished:
-                    reasons[out.request_id] = out.finish_reason
-        assert reasons == {"r0": "length", "r1": "abort"}
+        assert finish_reasons(core) == {"r0": "length", "r1": "abort"}
         assert core.stats().kv_blocks_free == core.stats().kv_blocks_total
 
 
