@@ -111,13 +111,14 @@ class ServeConfig:
     # while the partition holds a prefill.
     # Fused steps run eagerly in the decode worker unless decode.piecewise_graph_tokens names
     # buckets for them. Off by default: auto measured worse than the partition alone, when a
-    # fused prefill still waited for the partition's; its comparison with the split is not
-    # yet measured on a GPU (docs/benchmarks.md).
+    # fused prefill still waited for the partition's; with its comparison with the split it
+    # fused under 1% of the MoE's prompt tokens under load and moved no edge, its fused steps
+    # costing 12-17 ms over a decode step of the same rows (docs/benchmarks.md).
     fuse_prefill: str = "never"
     # bullet, with fuse_prefill: the first prompt that does not fit a fused step whole rides in
     # part, filling the step's chunk_size tokens as chunked's steps do, its rest prefilled in
-    # later steps or on the partition; off: fused steps carry whole prompts only. Not yet
-    # measured on a GPU.
+    # later steps or on the partition; off: fused steps carry whole prompts only. Served on
+    # the MoE it moved no edge (docs/benchmarks.md).
     fuse_prompt_slices: bool = False
     # bullet: while decode runs, a prompt may wait up to this fraction of the TTFT SLO for
     # others to join its prefill batch, until the waiting prompts hold prefill_batch_tokens.
