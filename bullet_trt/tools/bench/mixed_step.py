@@ -33,6 +33,14 @@ the GPU's own work. --host-profile says where that launch time goes:
 each step's graphed launch once more under the profiler, its host-side events (CUDA runtime
 and driver calls, torch ops) by their own time, so a launch that waits for the device (an
 allocation, a synchronizing copy) stands apart from many short kernel launches.
+
+Beside them, for each decode row count, the step a decode worker runs when no prompt rides along:
+its full CUDA graph (the bucket the engine config's decode batch sizes give), timed the same ways
+(decode_graph). A fused step (`serve.fuse_prefill`) is a mixed step run by the decode worker, so
+"fused against its parts" sets each mixed step's device time against the decode graph at its rows
+plus the prefill of its chunk alone (where --decode-rows has 0), and the prompt tokens a millisecond
+it adds over the decode graph against those of the prefill alone: whether a prompt rides in
+decode's step cheaper than it runs apart, on the device.
 """
 from __future__ import annotations
 
@@ -233,11 +241,60 @@ def measure(engine_dir: str, chunks: list[int], decode_rows: list[int], ctx: int
             row["eager_repeated_ms"], row["graphed_repeated_ms"] = (round(ms, 3) for ms in same)
         rows.append(row)
         print(json.dumps(row), flush=True)
+    decode_only = decode_graph_steps(model, state, cfg.decode, sorted({d for d in decode_rows if d}), ctx, stream)
     result = {"gpu": torch.cuda.get_device_name(), "ctx": ctx, "gemm_TFLOPs": round(rate, 1), "steps": rows,
-              "overrides": overrides or {}}
+              "decode_graph": decode_only, "overrides": overrides or {}}
+    result["fused_against_parts"] = fused_against_parts(result)
     if profiled:
         result["eager_profile"] = profiled
     return result
+
+
+def decode_graph_steps(model, state, profile, row_counts: list[int], ctx: int, stream) -> list[dict]:
+    """The decode worker's own step at each of `row_counts`: a decode session's full CUDA graph
+    (its bucket from `profile`'s batch sizes; none past the largest), its rows at `ctx` cached
+    tokens as in the mixed steps, timed as they are: with the host's launch, the launch alone,
+    and on the device alone."""
+    session = TorchSession(model, state.kv_pool, state.block_size, profile, use_cuda_graphs=True)
+    session.piecewise = None  # only the decode graph: a row count past its buckets is left out
+    timed = []
+    for count in row_counts:
+        bucket = session.graphs.bucket(count) if session.graphs is not None else None
+        if bucket is None:
+            continue
+        items = mixed_items(0, count, ctx, state.block_size, state.arch.vocab_size)
+        graphed = time_ms(lambda: session.run(items), stream, repeats=10)
+        launch = host_launch_ms(lambda: session.launch(items), stream)
+        timed.append({"decode_rows": count, "bucket": bucket, "graphed_ms": round(graphed, 3),
+                      "launch_ms": round(launch, 3),
+                      "device_ms": round(device_ms(lambda: session.launch(items), stream, launch), 3)})
+        print(json.dumps({"decode_graph": timed[-1]}), flush=True)
+    session.release_graphs()
+    return timed
+
+
+def fused_against_parts(result: dict) -> list[dict]:
+    """Each mixed step with a chunk and decode rows against its parts on the device: the decode
+    graph at its rows (decode_graph) and, where measured, its chunk's prefill alone (the step of
+    that chunk with no rows). `over_parts` below 1: the one step costs less than the two; the
+    prompt tokens a millisecond it adds over the decode graph (`riding_tok_per_ms`) against the
+    prefill's own (`alone_tok_per_ms`): what a prompt gains by riding in decode's step."""
+    decode = {d["decode_rows"]: d["device_ms"] for d in result.get("decode_graph", [])}
+    alone = {r["chunk"]: r["graphed_device_ms"] for r in result["steps"] if not r["decode_rows"]}
+    rows = []
+    for r in result["steps"]:
+        chunk, count = r["chunk"], r["decode_rows"]
+        if not chunk or count not in decode:
+            continue
+        fused, rows_alone = r["graphed_device_ms"], decode[count]
+        row = {"chunk": chunk, "decode_rows": count, "fused_ms": fused, "decode_graph_ms": rows_alone,
+               "added_ms": round(fused - rows_alone, 3),
+               "riding_tok_per_ms": round(chunk / (fused - rows_alone), 1) if fused > rows_alone else None}
+        if chunk in alone:
+            row.update(prefill_alone_ms=alone[chunk], over_parts=round(fused / (rows_alone + alone[chunk]), 3),
+                       alone_tok_per_ms=round(chunk / alone[chunk], 1))
+        rows.append(row)
+    return rows
 
 
 def markdown(result: dict) -> str:
@@ -250,6 +307,21 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['chunk']} | {r['decode_rows']} | {r['eager_ms']} | {r['graphed_ms']} | "
                      f"{r['eager_over_graphed']:.2f}x | {r.get('graphed_launch_ms', '-')} | "
                      f"{r.get('graphed_device_ms', '-')} | {r['graphed_TFLOPs']} | {r['of_gemm_rate']:.0%} |")
+    if result.get("decode_graph"):
+        lines += ["", "the decode worker's own step (its full CUDA graph, no prompt beside it):", "",
+                  "| decode rows | graph bucket | graphed ms | launch ms (host) | ms on the device alone |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {d['decode_rows']} | {d['bucket']} | {d['graphed_ms']} | {d['launch_ms']} | {d['device_ms']} |"
+                  for d in result["decode_graph"]]
+    if result.get("fused_against_parts"):
+        lines += ["", "fused against its parts, on the device alone (a mixed step run by the decode worker):", "",
+                  "| chunk | decode rows | mixed ms | decode graph ms | prefill alone ms | mixed / (decode + prefill) "
+                  "| prompt tok/ms over the decode graph | prompt tok/ms alone |", "|---|---|---|---|---|---|---|---|"]
+        for f in result["fused_against_parts"]:
+            over = f"{f['over_parts']:.2f}x" if "over_parts" in f else "-"
+            lines.append(f"| {f['chunk']} | {f['decode_rows']} | {f['fused_ms']} | {f['decode_graph_ms']} | "
+                         f"{f.get('prefill_alone_ms', '-')} | {over} | {f['riding_tok_per_ms'] or '-'} | "
+                         f"{f.get('alone_tok_per_ms', '-')} |")
     if any("eager_repeated_ms" in r for r in result["steps"]):
         lines += ["", "one token id repeated (the steps earlier calibrations timed):", "",
                   "| chunk | decode rows | eager ms | piecewise graphs ms |", "|---|---|---|---|"]
