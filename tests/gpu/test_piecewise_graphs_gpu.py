@@ -78,7 +78,7 @@ def test_graphed_hidden_states_match_the_eager_forward_in_bfloat16(tmp_path):
 def test_the_mixed_step_bench_times_the_hosts_launch_apart(tmp_path):
     """`bench mixed-step` on a small engine: each step's eager and graphed times, and the host's
     time to queue the graphed step without waiting for it and the step's time on the device
-    alone, in the result and its table."""
+    alone, in the result and its table; the decode graph at the same rows beside them."""
     from bullet_trt.tools.bench.mixed_step import markdown, measure
 
     e = engine(tmp_path, "llama", "bfloat16")
@@ -94,3 +94,11 @@ def test_the_mixed_step_bench_times_the_hosts_launch_apart(tmp_path):
         assert 0 < host["events_ms"] and 0 < host["profiled_ms"] and 0 < host["outside_events_ms"]
     table = markdown(result)
     assert "graphed ms on the device alone" in table and "graphed launch ms (host)" in table and "| host event | calls | own ms |" in table
+    # the decode worker's own graph at the same rows, and the mixed step against it and its chunk alone
+    [graph] = result["decode_graph"]
+    assert graph["decode_rows"] == 8 and graph["bucket"] == 8
+    assert 0 < graph["graphed_ms"] and 0 < graph["launch_ms"] and 0 < graph["device_ms"]
+    [parts] = result["fused_against_parts"]
+    assert (parts["chunk"], parts["decode_rows"]) == (32, 8) and parts["decode_graph_ms"] == graph["device_ms"]
+    assert parts["prefill_alone_ms"] == result["steps"][0]["graphed_device_ms"] and parts["over_parts"] > 0
+    assert "the decode worker's own step" in table and "fused against its parts" in table
