@@ -48,6 +48,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
@@ -255,8 +256,9 @@ def decode_graph_steps(model, state, profile, row_counts: list[int], ctx: int, s
     (its bucket from `profile`'s batch sizes; none past the largest), its rows at `ctx` cached
     tokens as in the mixed steps, timed as they are: with the host's launch, the launch alone,
     and on the device alone."""
-    session = TorchSession(model, state.kv_pool, state.block_size, profile, use_cuda_graphs=True)
-    session.piecewise = None  # only the decode graph: a row count past its buckets is left out
+    # only the decode graph: a row count past its buckets is left out, not run in pieces
+    session = TorchSession(model, state.kv_pool, state.block_size, replace(profile, piecewise_graph_tokens=[]),
+                           use_cuda_graphs=True)
     timed = []
     for count in row_counts:
         bucket = session.graphs.bucket(count) if session.graphs is not None else None
