@@ -21,7 +21,8 @@ class IterationLog:
                predicted_ms: float, measured_ms: float, queues, host_gap_ms: float | None = None,
                prefill_in_flight: bool | None = None, split_wait_ms: float | None = None,
                gpu_window_ns: tuple[int, int] | None = None, rows_without_block: int | None = None,
-               tpot_plan: float | None = None, launch_ms: float | None = None, prompts: int | None = None) -> None:
+               tpot_plan: float | None = None, launch_ms: float | None = None, prompts: int | None = None,
+               planned_rows: int | None = None) -> None:
         if self.file is None:
             return
         stepping = phase in ("decode", "fused")  # a fused step is decode's, prompts riding along
@@ -50,6 +51,8 @@ class IterationLog:
             rec["launch_ms"] = round(launch_ms, 3)
         if prompts is not None:  # a fused step: the prompts that rode in it (batch counts them with the rows)
             rec["prompts"] = prompts
+        if planned_rows is not None:  # ... and the rows its token budget counted when the prompts were admitted
+            rec["planned_rows"] = planned_rows
         if gpu_window_ns is not None:  # the step as the GPU ran it, one clock for both workers
             rec["gpu_start_ns"], rec["gpu_end_ns"] = gpu_window_ns
         self.file.write(json.dumps(rec) + "\n")

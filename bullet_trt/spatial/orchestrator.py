@@ -61,6 +61,9 @@ class PrefillJob:
     tokens: list[int]  # tokens each prefills, in order
     split: SmSplit
     predicted_ms: float = 0.0
+    # The decoding rows the decision counted in a fused step's token budget. The worker's step
+    # may hold others: rows that joined or left while the prompts were on their way.
+    planned_rows: int = 0
 
 
 FOLLOWER = "bullet_trt.spatial.rank_follower:run_spatial_follower"
@@ -364,7 +367,7 @@ class SpatialEngine:
             # a preempted sequence waits again, but its TTFT is behind it
             oldest = min((x.arrival_time for x in candidates if x.first_token_time is None), default=now)
             self.slo.tpot_plan = self.plan_tuner.plan(now, (now - oldest) * 1e3)
-        decoding = [x for x in q.decoding if x.status is SeqStatus.RUNNING]
+        decoding = self._running_rows()
         ctx = sum(x.num_tokens for x in decoding)
         state = PolicyState(
             now=time.monotonic(), total_sms=self.total_sms, splits=self.splits,
@@ -382,6 +385,9 @@ class SpatialEngine:
         if self._static_split():
             return static_policy(state, self.slo, self.perf, self.splits[0])
         return bullet_policy(state, self.slo, self.perf)
+
+    def _running_rows(self) -> list[Sequence]:
+        return [x for x in self.queues.decoding if x.status is SeqStatus.RUNNING]
 
     def _row_step_ms(self, decoding: list[Sequence], ctx: int) -> float | None:
         """The longest step beside a prefill that the decoding rows' TPOT affords
@@ -430,7 +436,7 @@ class SpatialEngine:
         if decision.fuse:
             # timed, predicted and logged as the decode step that carries it
             self.rows.carry_prompts(items)
-            self.fused.append(PrefillJob(batch, tokens, split))
+            self.fused.append(PrefillJob(batch, tokens, split, planned_rows=len(self._running_rows())))
             return
         predicted = self.perf.prefill_ms(PrefillShape.of(tokens), split.prefill_sms)
         self.prefilling = PrefillJob(batch, tokens, split, predicted)
@@ -591,7 +597,8 @@ class SpatialEngine:
             self.log.record("fused", step.split, step.start, received, rows + len(job.seqs),
                             rows + step.prompt_tokens, predicted, step.measured_ms, self.queues,
                             host_gap_ms=step.idle_ms, gpu_window_ns=step.gpu_window_ns,
-                            rows_without_block=step.rows_without_block, prompts=len(job.seqs))
+                            rows_without_block=step.rows_without_block, prompts=len(job.seqs),
+                            planned_rows=job.planned_rows)
             return outputs
         predicted = self.perf.decode_ms(rows, step.total_ctx, sms)
         self.perf.observe("decode", predicted, step.measured_ms, sms)
