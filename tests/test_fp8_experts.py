@@ -336,4 +336,6 @@ def test_prompts_fused_into_w8a8_moe_decode_steps_over_an_fp8_pool_give_chunkeds
     steps = [r for r in load(log) if r["phase"] == "fused"]
     assert steps and all(r["prompts"] >= 1 for r in steps)
     if slices:
-        assert max(r["tokens"] for r in steps) == 48  # a slice filled a step's budget
+        # a slice filled a step's budget beside the rows its admission counted (the worker's
+        # batch may have gained or lost rows by the time the step ran)
+        assert max(r["planned_rows"] + r["tokens"] - (r["batch"] - r["prompts"]) for r in steps) == 48
