@@ -3,7 +3,6 @@ modes leave a per-iteration record that the plot command draws."""
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
@@ -232,9 +231,9 @@ def test_decode_goes_from_one_prefill_split_to_the_next_not_through_the_whole_gp
             core.decode.send_update = lambda update: (sent.append(update.split), send(update))
             # the prefill batches as the worker is given them: a prefill can start and end within
             # one call of step(), so watching core.prefilling between calls may never see it. The
-            # first short prompt's batch reaches the worker half a second late, as from a slower
-            # prefill: its prefill is then surely in flight when the second prompt arrives
-            submitted, submit = [], core.prefill.submit
+            # first short prompt's batch reaches the worker only once the second prompt has
+            # arrived, as from a slower prefill: its prefill is then surely in flight meanwhile
+            submitted, submit, held = [], core.prefill.submit, []
             # the updates up to second's launch, counted as it is submitted: its prefill can end
             # within the same call of step(), and decode's move back to the whole GPU after it
             # would count as the move this test looks for
@@ -246,7 +245,7 @@ def test_decode_goes_from_one_prefill_split_to_the_next_not_through_the_whole_gp
                 if [it.request_id for it in items] == ["second"]:
                     until_second = len(sent)
                 if [it.request_id for it in items] == ["first"]:
-                    threading.Timer(0.5, submit, (items, *a), kw).start()
+                    held.append((items, a, kw))
                 else:
                     submit(items, *a, **kw)
             core.prefill.submit = submit_recorded
@@ -260,6 +259,8 @@ def test_decode_goes_from_one_prefill_split_to_the_next_not_through_the_whole_gp
             assert core.prefilling is not None and submitted == ["long", "first"]  # first's prefill in flight
             core.add_request(NewRequest("second", prompts(1, seed=5)[0], short))
             after_first = len(sent)
+            items, a, kw = held.pop()
+            submit(items, *a, **kw)
             while core.has_unfinished():
                 core.step()
         assert until_second is not None and submitted == ["long", "first", "second"]

@@ -159,6 +159,7 @@ def test_a_worker_takes_its_messages_until_the_launch_is_due():
     assert mirror.take(block=False, until=start + 1.5) == ["before", "during"]
     assert time.monotonic() - start >= 1.5  # waited out the deadline for more
     inbox.put("after")
-    time.sleep(0.2)
+    while inbox.empty():  # until the queue's feeder thread has written it to the pipe
+        time.sleep(0.01)
     assert mirror.take(block=False, until=time.monotonic() - 1) == ["after"]  # past due: what is there
     late.join()

@@ -662,17 +662,20 @@ def greedy_texts(srv) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["bullet", "static"])
-def test_modes_serve_identical_greedy_outputs(server, tmp_path_factory, mode):
+def test_modes_serve_identical_greedy_outputs(long_server, long_engine, tmp_path_factory, mode):
     """Both spatial modes (prefill and decode worker processes behind the real tritonserver)
     answer exactly what the chunked-prefill default answers; in bullet mode, a decode worker
-    that dies errors its in-flight request, the model goes not ready, nothing lingers."""
+    that dies errors its in-flight request, the model goes not ready, nothing lingers. On the
+    engine that holds HELD_TOKENS: a request of 1000 tokens could end before a busy client had
+    read its first response and the worker was killed."""
     import tritonclient.http as httpclient
 
     overrides = {"serve.mode": mode, "serve.chunk_size": 16}
     if mode == "static":
         overrides["serve.static_prefill_sms"] = 8
-    reference = greedy_texts(server)
-    srv = start_server(tmp_path_factory.mktemp(f"triton-{mode}"), name=mode, overrides=overrides)
+    reference = greedy_texts(long_server)
+    srv = start_server(tmp_path_factory.mktemp(f"triton-{mode}"), name=mode, overrides=overrides,
+                       engine_dir=long_engine)
     try:
         assert greedy_texts(srv) == reference
         if mode != "bullet":
@@ -680,7 +683,8 @@ def test_modes_serve_identical_greedy_outputs(server, tmp_path_factory, mode):
         pids = srv.engine_pids()
         assert len(pids) == 3, srv.descendants()  # the engine and its two workers
         s = GrpcStreams(srv.grpc_url)
-        rid = s.send({"text_input": "Never ending", "max_tokens": 1000, "min_tokens": 1000, "stream": True})
+        rid = s.send({"text_input": "Never ending", "max_tokens": HELD_TOKENS, "min_tokens": HELD_TOKENS,
+                      "stream": True})
         assert s.first(rid)[0] == "result"
         os.kill(pids[2], signal.SIGKILL)  # a worker, not the engine
         res = s.collect(rid, timeout=60)
