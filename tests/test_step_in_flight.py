@@ -159,7 +159,8 @@ def test_a_worker_takes_its_messages_until_the_launch_is_due():
     assert mirror.take(block=False, until=start + 1.5) == ["before", "during"]
     assert time.monotonic() - start >= 1.5  # waited out the deadline for more
     inbox.put("after")
-    while inbox.empty():  # until the queue's feeder thread has written it to the pipe
+    written_by = time.monotonic() + 30  # a feeder thread that never writes fails the take below, not the run
+    while inbox.empty() and time.monotonic() < written_by:  # until the feeder thread has written it to the pipe
         time.sleep(0.01)
     assert mirror.take(block=False, until=time.monotonic() - 1) == ["after"]  # past due: what is there
     late.join()
