@@ -25,8 +25,9 @@
 # gpu_run.sh starting at once would both install it), the dummy-weight engines that
 # $PREBUILD names ("llama-3.1-8b qwen3-30b-a3b", default the first; two workers building one
 # engine directory at once would race) and one MPS daemon, which no worker stops (a
-# gpu_run.sh stops only the daemon it started itself). Exit status: the first failing
-# worker's.
+# gpu_run.sh stops only the daemon it started itself). Of several workers each runs pinned to
+# its own equal slice of the host's CPUs (scripts/cpu_slice.py; GPU_LISTS_PIN=0: unpinned), said
+# in the first line of its pair.log. Exit status: the first failing worker's.
 set -u -o pipefail
 [ $# -ge 1 ] || { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//;$d' >&2; exit 2; }
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -93,10 +94,21 @@ work() {  # work GPU [COMMAND]: the command, or the queue's jobs one after anoth
   return $rc
 }
 
+# several workers: each on its own slice of the host's CPUs (scripts/cpu_slice.py says why);
+# GPU_LISTS_PIN=0 leaves them unpinned
+pin=""
+[ "$workers" -gt 1 ] && [ "${GPU_LISTS_PIN:-1}" = 1 ] && command -v taskset >/dev/null && pin=1
 pids=()
 for ((gpu = 0; gpu < workers; gpu++)); do
   mkdir -p "$OUT/gpu$gpu"
-  CUDA_VISIBLE_DEVICES=$gpu OUT=$OUT/gpu$gpu work "$gpu" "${1:-}" >"$OUT/gpu$gpu/pair.log" 2>&1 &
+  cpus=""
+  [ -n "$pin" ] && cpus=$(python3 scripts/cpu_slice.py "$workers" "$gpu")
+  (
+    if [ -n "$cpus" ] && taskset -pc "$cpus" "$BASHPID" >/dev/null; then
+      echo "== gpu_lists: GPU $gpu's worker runs on CPUs $cpus"
+    fi
+    CUDA_VISIBLE_DEVICES=$gpu OUT=$OUT/gpu$gpu work "$gpu" "${1:-}"
+  ) >"$OUT/gpu$gpu/pair.log" 2>&1 &
   pids+=($!)
   [ -z "$queue" ] && shift
 done
